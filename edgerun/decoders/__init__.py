@@ -1,0 +1,1 @@
+"""Model output decoders, found by key with ``decoder_class``."""

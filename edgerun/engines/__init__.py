@@ -1,0 +1,1 @@
+"""Inference back ends, found by key (see ``base.ENGINE_MODULES``)."""

@@ -1,0 +1,1 @@
+"""Detection sinks, found by key with ``sink_class``."""

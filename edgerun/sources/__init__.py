@@ -1,0 +1,1 @@
+"""Frame sources, found by key with ``source_class``."""

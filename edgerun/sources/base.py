@@ -1,0 +1,42 @@
+"""The contract for frame sources: read the next frame *into* a caller's buffer.
+
+The pipeline owns the image buffers (one per pool slot) and passes one to
+``read``; a source never hands out an image it allocated per frame.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from edgerun.types import FrameMeta
+
+
+class Source(ABC):
+    """A camera, stream, file or synthetic flight. Used from the capture thread only."""
+
+    KEY: ClassVar[str]
+    # True for sources that can produce frames faster than real time (files,
+    # replays): the capture stage then paces them at ``fps`` when asked to.
+    synthetic_clock: ClassVar[bool] = False
+
+    width: int = 0
+    height: int = 0
+    fps: float = 0.0  # nominal rate; 0 when unknown
+
+    @abstractmethod
+    def open(self) -> None:
+        """Open the device; sets ``width``/``height``. Raises SourceError with a clear message."""
+
+    @abstractmethod
+    def read(self, image: np.ndarray, seq: int) -> FrameMeta | None:
+        """Fill ``image`` (height, width, 3 uint8 BGR) with the next frame.
+
+        Returns its metadata, ``None`` at a clean end of stream, or raises
+        SourceError when the device is gone (the capture stage reopens it).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the device."""
