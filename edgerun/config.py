@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import socket
 import tomllib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -179,7 +180,18 @@ def _describe(value: Any) -> str:
     return str(value)
 
 
-def _message(err: msgspec.ValidationError, data: dict[str, Any]) -> str:
+def _choices(path: str, root: type | None = None) -> list[str]:
+    """The allowed values of the Literal field at a msgspec path (for enum errors)."""
+    tp: Any = root or Config
+    for name in re.findall(r"\.([^.\[]+)", path):
+        hints = typing.get_type_hints(tp, include_extras=True)
+        tp = hints.get(name)
+        while typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+    return [repr(v) for v in typing.get_args(tp)] if typing.get_origin(tp) is Literal else []
+
+
+def _message(err: msgspec.ValidationError, data: dict[str, Any], root: type | None = None) -> str:
     """Reword msgspec's error as ``key.path: expected X, got Y``."""
     m = _PATH_RE.match(str(err))
     assert m is not None
@@ -194,8 +206,12 @@ def _message(err: msgspec.ValidationError, data: dict[str, Any]) -> str:
     if missing:
         field = missing.group("f")
         return f"{key + '.' if path else ''}{field}: required key is missing"
+    if what.startswith("Invalid enum value"):
+        choices = _choices(path, root)
+        found, value = _lookup(data, path)
+        return f"{key}: expected one of {', '.join(choices)}, got {_describe(value)}"
     expected = re.sub(r"`", "", what)
-    expected = re.sub(r"^Expected ", "", expected)
+    expected = re.sub(r"^Expected ", "", expected).replace("object", "table")
     expected = re.sub(r", got \w+$", "", expected)
     found, value = _lookup(data, path)
     got = f", got {_describe(value)}" if found else ""

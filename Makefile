@@ -1,0 +1,50 @@
+# Every target sets up what it needs itself, so `make demo` and `make test` work alone on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Re-install when the dependency list changes.
+INSTALLED := $(VENV)/.installed
+MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
+SECONDS ?= 8
+
+.PHONY: all demo test test-gpu bench lint venv models system-deps clean
+
+all: test
+
+$(INSTALLED): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint]'
+	touch $@
+
+venv: $(INSTALLED)
+
+$(MODELS): $(INSTALLED) edgerun/models/demo.py
+	$(BIN)/edgerun model fetch-demo
+
+models: $(MODELS)
+
+# Debian packages the integration tests run for real (mosquitto); needs root or sudo.
+system-deps:
+	bash .ci/install-system-deps
+
+demo: $(MODELS)
+	$(BIN)/edgerun demo --seconds 20 --out out/demo
+
+test: $(MODELS) system-deps
+	$(BIN)/python -m pytest -q
+
+test-gpu: $(INSTALLED)
+	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+bench: $(MODELS)
+	mkdir -p bench-results
+	$(BIN)/edgerun bench --model blazeface_short --seconds $(SECONDS) --json bench-results/blazeface_short.json > /dev/null
+	$(BIN)/edgerun bench --model pose_detector --seconds $(SECONDS) --json bench-results/pose_detector.json > /dev/null
+	$(BIN)/edgerun bench --table bench-results/blazeface_short.json bench-results/pose_detector.json
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check edgerun tests
+
+clean:
+	rm -rf out bench-results .pytest_cache

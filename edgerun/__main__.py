@@ -1,0 +1,3 @@
+from edgerun.cli import _entry
+
+_entry()

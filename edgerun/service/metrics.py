@@ -1,0 +1,105 @@
+"""Prometheus metrics, built at scrape time from the counters the node already keeps.
+
+A custom collector reads the pipeline's and sinks' plain counters when
+/metrics is scraped, so the frame path pays nothing for metrics.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from edgerun.pipeline.stats import LATENCY_BUCKETS, LatencyHistogram
+
+if TYPE_CHECKING:
+    from edgerun.node import Node
+
+STATES = ("starting", "running", "degraded", "stopping")
+
+
+def _histogram(name: str, doc: str, labels: list[str], series: list[tuple[list[str], LatencyHistogram]]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, hist in series:
+        cumulative, buckets = 0, []
+        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), hist.counts):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        family.add_metric(values, buckets, hist.sum_s)
+    return family
+
+
+class NodeCollector:
+    """Yields every ``edgerun_*`` metric from a running Node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        stats = node.stats
+
+        def counter(name: str, doc: str, value: float) -> Metric:
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> Metric:
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            return family
+
+        yield counter("edgerun_frames_captured", "Frames read from the source.", stats.captured)
+        yield counter("edgerun_frames_inferred", "Frames that went through the model.", stats.inferred)
+        yield counter("edgerun_batches_published", "Detection batches handed to the sinks.", stats.published)
+        yield counter("edgerun_detections", "Detections produced.", stats.detections)
+        yield counter("edgerun_source_errors", "Times the source failed and was reopened.", stats.source_errors)
+        dropped = CounterMetricFamily(
+            "edgerun_frames_dropped", "Frames dropped, by stage and reason.", labels=["stage", "reason"]
+        )
+        for (stage, reason), count in sorted(stats.dropped.items()):
+            dropped.add_metric([stage, reason], count)
+        yield dropped
+        yield _histogram(
+            "edgerun_stage_seconds",
+            "Processing time per frame in each pipeline stage.",
+            ["stage"],
+            [([name], s.latency) for name, s in stats.stages.items()],
+        )
+        yield _histogram(
+            "edgerun_latency_seconds", "Capture to hand-off to the sinks, per frame.", [], [([], stats.end_to_end)]
+        )
+        yield gauge("edgerun_fps", "Batches published per second over the last few seconds.", node.fps())
+        state = GaugeMetricFamily("edgerun_health_state", "1 for the node's current state.", labels=["state"])
+        for name in STATES:
+            state.add_metric([name], 1.0 if node.health.state == name else 0.0)
+        yield state
+        info = GaugeMetricFamily(
+            "edgerun_model_info", "The model being served.", labels=["model", "version", "engine"]
+        )
+        info.add_metric([node.model_name, str(node.model_version), node.engine_key], 1.0)
+        yield info
+        sent = CounterMetricFamily("edgerun_sink_sent", "Batches delivered by each sink.", labels=["sink"])
+        sdrop = CounterMetricFamily(
+            "edgerun_sink_dropped", "Batches evicted from a full sink outbox.", labels=["sink"]
+        )
+        errors = CounterMetricFamily("edgerun_sink_errors", "Sink delivery errors.", labels=["sink"])
+        up = GaugeMetricFamily("edgerun_sink_connected", "1 while the sink can deliver.", labels=["sink"])
+        for sink in node.sinks:
+            sent.add_metric([sink.KEY], sink.stats.sent)
+            sdrop.add_metric([sink.KEY], sink.stats.dropped)
+            errors.add_metric([sink.KEY], sink.stats.errors)
+            up.add_metric([sink.KEY], 1.0 if sink.stats.connected else 0.0)
+        yield from (sent, sdrop, errors, up)
+        yield gauge("edgerun_pool_free_slots", "Frame slots not holding a frame.", node.pool_free())
+
+
+def metrics_text(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode("utf-8")
+
+
+def node_registry(node: Node) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(node))  # type: ignore[arg-type]
+    return registry
