@@ -27,10 +27,11 @@ def _setup_logging(level: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from edgerun.config import load_config
+
+    cfg = load_config(args.config)  # before the heavy imports: a bad config fails fast
+    _setup_logging(args.log_level or cfg.node.log_level)
     from edgerun.node import run_node
 
-    cfg = load_config(args.config)
-    _setup_logging(args.log_level or cfg.node.log_level)
     return run_node(cfg, seconds=args.seconds)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import signal
 import time
@@ -245,6 +246,7 @@ class Node:
                 waiter.cancel()
             engine.close()
             source.close()
+        log.info("stopped: %s", json.dumps(self.summary(), sort_keys=True))
         return 0
 
     async def _start_sinks(self) -> None:

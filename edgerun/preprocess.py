@@ -114,11 +114,15 @@ class Preprocessor:
         if self._mode == "copy":
             np.copyto(out, pixels)
         elif self._mode == "float":
-            np.multiply(pixels, self._gain, out=out)
+            # Cast first, then same-dtype in-place maths: a mixed-dtype ufunc would
+            # allocate cast buffers on every call.
+            np.copyto(out, pixels)
+            np.multiply(out, self._gain, out=out)
             np.add(out, self._offset, out=out)
         else:
             scratch = self._scratch
-            np.multiply(pixels, self._gain, out=scratch)
+            np.copyto(scratch, pixels)
+            np.multiply(scratch, self._gain, out=scratch)
             np.add(scratch, self._offset, out=scratch)
             np.rint(scratch, out=scratch)
             np.clip(scratch, self._qmin, self._qmax, out=scratch)

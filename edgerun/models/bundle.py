@@ -32,12 +32,12 @@ class PreprocessSpec(Section):
     pad_value: Annotated[int, msgspec.Meta(ge=0, le=255)] = 0
 
 
-class DecoderSpec(Section):
+class DecoderSpec(Section, kw_only=True):
     kind: str
     params: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class BundleManifest(Section):
+class BundleManifest(Section, kw_only=True):
     name: str
     version: Annotated[int, msgspec.Meta(ge=0)]
     task: Literal["detection", "classification"] = "detection"

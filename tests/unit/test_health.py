@@ -198,4 +198,3 @@ def test_concurrent_problem_reports_from_threads() -> None:
     assert seen[-1] == ("degraded", expected)
     # Every delivered event is consistent: degraded exactly when some part has a problem.
     assert all((state == "degraded") == bool(reasons) for state, reasons in seen)
-

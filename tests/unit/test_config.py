@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from edgerun.config import load_config, parse_config
+from edgerun.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"pipeline": {"queue_depth": 0}}, "pipeline.queue_depth: expected int >= 1, got 0"),
+        ({"pipeline": {"queue_depth": "2"}}, "pipeline.queue_depth: expected int, got '2'"),
+        ({"pipeline": {"policy": "fast"}}, "pipeline.policy: expected one of 'drop_oldest', 'drop_newest', 'block', got 'fast'"),
+        ({"pipeline": {"queue": 1}}, "pipeline.queue: unknown key"),
+        ({"colour": 1}, "colour: unknown key"),
+        ({"pipeline": 3}, "pipeline: expected table, got 3"),
+        ({"sinks": {"mqtt": {"port": 70000}}}, "sinks.mqtt.port: expected int <= 65535, got 70000"),
+        ({"engine": {"order": ["tflite", "tpu"]}}, "engine.order[1]: expected one of edgetpu, tflite, got 'tpu'"),
+        ({"source": {"kind": "opencv"}}, "source.uri: required when source.kind is 'opencv'"),
+        ({"source": {"replay": {"hfov_deg": 200.0}}}, "source.replay.hfov_deg: expected float < 170.0, got 200.0"),
+        ({"sinks": {"mqtt": {"tls_cert": "c.pem"}}}, "sinks.mqtt.tls_key: tls_cert and tls_key must be given together"),
+    ],
+)
+def test_errors_name_the_key_path(data, message):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert str(info.value) == message
+
+
+def test_defaults_work_without_a_file():
+    cfg = parse_config({})
+    assert cfg.pipeline.queue_depth == 1
+    assert cfg.pipeline.policy == "drop_oldest"
+    assert cfg.service.http_host == "127.0.0.1"
+    assert cfg.engine.order == ["tflite"]
+    assert cfg.node_id  # falls back to the host name
+
+
+def test_example_config_documents_every_key_and_loads():
+    import tomllib
+    from pathlib import Path
+
+    import msgspec
+
+    from edgerun.config import Config
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "node.example.toml"
+    cfg = load_config(path)
+    assert cfg == parse_config({})  # the example shows the defaults
+    example = tomllib.loads(path.read_text())
+    full = msgspec.to_builtins(Config())
+
+    def keys(table, prefix=""):
+        out = set()
+        for k, v in table.items():
+            out.add(prefix + k)
+            if isinstance(v, dict):
+                out |= keys(v, prefix + k + ".")
+        return out
+
+    missing = keys(full) - keys(example) - {"model.score_threshold"}
+    assert not missing, f"keys not documented in node.example.toml: {sorted(missing)}"
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[pipeline\nqueue_depth = 1\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("[pipeline]\nqueue_depth = 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(wrong)
+    assert str(info.value) == f"{wrong}: pipeline.queue_depth: expected int >= 1, got 0"
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    wrong = tmp_path / "node.toml"
+    wrong.write_text("[pipeline]\nqueue_depth = 0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgerun", "run", "-c", str(wrong)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"edgerun: error: {wrong}: pipeline.queue_depth: expected int >= 1, got 0"
+    ]
+    assert "Traceback" not in proc.stderr
