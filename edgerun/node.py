@@ -224,6 +224,8 @@ class Node:
             stall_s=cfg.service.stall_s,
             health=self.health,
             status_text=self.status_text,
+            # A camera being reopened is a known, handled outage: a restart would not bring it back.
+            stall_excused=lambda: "source" in self.health.reasons,
         )
         watchdog_task = asyncio.create_task(watchdog.run())
         if install_signals:

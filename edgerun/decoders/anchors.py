@@ -53,18 +53,19 @@ class SsdAnchorOptions:
             )
         if any(s < 1 for s in self.strides):
             raise ModelError(f"ssd anchors: strides must be >= 1, got {list(self.strides)}")
-        if self.feature_map_height or self.feature_map_width:
-            if not (len(self.feature_map_height) == len(self.feature_map_width) == self.num_layers):
-                raise ModelError(
-                    "ssd anchors: feature_map_height and feature_map_width need num_layers "
-                    f"({self.num_layers}) values each, got {len(self.feature_map_height)} "
-                    f"and {len(self.feature_map_width)}"
-                )
+        explicit_maps = bool(self.feature_map_height or self.feature_map_width)
+        if explicit_maps and not (len(self.feature_map_height) == len(self.feature_map_width) == self.num_layers):
+            raise ModelError(
+                "ssd anchors: feature_map_height and feature_map_width need num_layers "
+                f"({self.num_layers}) values each, got {len(self.feature_map_height)} "
+                f"and {len(self.feature_map_width)}"
+            )
         if self.input_size_height < 1 or self.input_size_width < 1:
             raise ModelError(
                 f"ssd anchors: input size must be positive, got {self.input_size_height}x{self.input_size_width}"
             )
-        if not self.aspect_ratios and not self.reduce_boxes_in_lowest_layer and self.interpolated_scale_aspect_ratio <= 0:
+        no_ratios = not self.aspect_ratios and not self.reduce_boxes_in_lowest_layer
+        if no_ratios and self.interpolated_scale_aspect_ratio <= 0:
             raise ModelError("ssd anchors: no aspect_ratios and no interpolated anchor: zero anchors per cell")
         if any(a <= 0 for a in self.aspect_ratios):
             raise ModelError(f"ssd anchors: aspect_ratios must be > 0, got {list(self.aspect_ratios)}")

@@ -8,6 +8,7 @@ silent default at the first frame.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,10 @@ class ParamReader:
 
     def has(self, name: str) -> bool:
         return name in self._params
+
+    def value(self, name: str, default: Any = REQUIRED) -> Any:
+        """The raw value, for parameters whose type the caller checks itself."""
+        return self._get(name, default)
 
     def _get(self, name: str, default: Any) -> Any:
         self._seen.add(name)
@@ -66,7 +71,7 @@ class ParamReader:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(name, f"expected a number, got {value!r}")
         value = float(value)
-        if value != value:  # NaN
+        if math.isnan(value):
             raise self.fail(name, "must be a number, got NaN")
         if positive and value <= 0.0:
             raise self.fail(name, f"must be > 0, got {value}")

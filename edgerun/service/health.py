@@ -23,7 +23,12 @@ Notify = Callable[..., Any]
 
 
 class Health:
-    """Thread-safe node state: ``stopping > starting > degraded (any problem) > running``."""
+    """Thread-safe node state: ``stopping > degraded (any problem) > starting > running``.
+
+    A problem makes the node ``degraded`` even before its first inference: a node whose
+    camera is missing at boot is up and retrying, and must say why rather than look as
+    if it were still loading. ``ready`` needs a first inference as well as no stop.
+    """
 
     def __init__(self, notify: Notify | None = None) -> None:
         self._lock = threading.Lock()
@@ -83,8 +88,9 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        """Serving detections, possibly degraded: what a readiness probe asks."""
-        return self.state in ("running", "degraded")
+        """Has inferred and is not stopping (running, or degraded after the first inference)."""
+        with self._lock:
+            return self._running and not self._stopping
 
     @property
     def since(self) -> float:
@@ -96,9 +102,10 @@ class Health:
         """The probe body: state, readiness, reasons and seconds spent in this state."""
         with self._lock:
             state, reasons, since = self._state, dict(self._problems), self._since
+            ready = self._running and not self._stopping
         return {
             "state": state,
-            "ready": state in ("running", "degraded"),
+            "ready": ready,
             "reasons": reasons,
             "since_s": round(time.monotonic() - since, 3),
         }
@@ -108,9 +115,9 @@ class Health:
     def _derive(self) -> State:
         if self._stopping:
             return "stopping"
-        if not self._running:
-            return "starting"
-        return "degraded" if self._problems else "running"
+        if self._problems:
+            return "degraded"
+        return "running" if self._running else "starting"
 
     def _commit(self) -> tuple[str, dict[str, str]] | None:
         """Under the lock: derive the state; return what to deliver synchronously, if anything."""

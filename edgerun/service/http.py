@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from typing import Callable
 
 from aiohttp import web
@@ -61,7 +62,11 @@ class HttpService:
             await site.start()
         except OSError as err:
             await runner.cleanup()
-            reason = os.strerror(err.errno) if err.errno else str(err)
+            # asyncio rewords the bind error; say it the usual way (a failed name lookup keeps its own text)
+            if err.errno and not isinstance(err, socket.gaierror):
+                reason = os.strerror(err.errno)
+            else:
+                reason = err.strerror or str(err)
             raise EdgerunError(f"http: cannot listen on {_hostport(self.host, self.port)}: {reason}") from None
         self._runner = runner
         self.port = runner.addresses[0][1]

@@ -20,16 +20,15 @@ from edgerun.service.health import Health
 log = logging.getLogger(__name__)
 
 
-# The protocol is one datagram of KEY=VALUE lines; the libraries for it wrap libsystemd
-# (absent on balena images) or are unmaintained, so these few lines are ours.
+# No well-kept library speaks this without pulling in libsystemd, and the protocol is one datagram: ours is right.
 class SdNotifier:
     """Sends notify datagrams to ``$NOTIFY_SOCKET``; a no-op when it is unset. Never raises."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = os.environ if env is None else env
-        address = self._env.get("NOTIFY_SOCKET", "")
+        self.name = self._env.get("NOTIFY_SOCKET", "")
         # A leading '@' names a socket in the abstract namespace.
-        self.address = "\0" + address[1:] if address.startswith("@") else address
+        self.address = "\0" + self.name[1:] if self.name.startswith("@") else self.name
         self._sock: socket.socket | None = None
         self.send_errors = 0
 
@@ -50,7 +49,7 @@ class SdNotifier:
             return True
         except OSError as err:
             if self.send_errors == 0:
-                log.warning("sd_notify to %s failed (%s); further failures are only counted", self.address, err)
+                log.warning("sd_notify to %s failed (%s); further failures are only counted", self.name, err)
             self.send_errors += 1
             return False
 
@@ -124,7 +123,8 @@ class Watchdog:
         if idle > self.stall_s:
             if not self.stalled:
                 self.stalled = True
-                self.health.set_problem(self.PROBLEM_KEY, f"no frame inferred for {idle:.1f} s")
+                if self.PROBLEM_KEY not in self.health.reasons:  # keep a more specific cause (a stage crash)
+                    self.health.set_problem(self.PROBLEM_KEY, f"no frame inferred for {idle:.1f} s")
         elif self.stalled:
             self.stalled = False
             self.health.clear_problem(self.PROBLEM_KEY)

@@ -80,6 +80,14 @@ def test_healthz_and_readyz_follow_health() -> None:
             assert resp.content_type == "application/json"
             assert (await resp.json())["ready"] is False
 
+        health.set_problem("source", "camera /dev/video0 gone, reopening")
+        async with client.get(base + "/healthz") as resp:
+            assert resp.status == 200  # alive and retrying
+            assert (await resp.json())["state"] == "degraded"
+        async with client.get(base + "/readyz") as resp:
+            assert resp.status == 503  # but it never inferred
+        health.clear_problem("source")
+
         health.mark_running()
         async with client.get(base + "/readyz") as resp:
             assert resp.status == 200

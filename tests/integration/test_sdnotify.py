@@ -217,6 +217,24 @@ def test_excused_stall_keeps_pinging(receiver) -> None:
     notifier.close()
 
 
+def test_stall_keeps_a_more_specific_pipeline_reason(receiver) -> None:
+    sock, path = receiver
+    health = Health()
+    health.mark_running()
+    health.set_problem("pipeline", "infer stage crashed")
+    notifier = SdNotifier(env={"NOTIFY_SOCKET": path})
+    stale = [time.monotonic() - 60.0]
+    watchdog = Watchdog(notifier, last_progress=lambda: stale[0], stall_s=5.0, health=health)
+    watchdog.tick()
+    assert health.reasons == {"pipeline": "infer stage crashed"}
+    assert drain(sock) == []
+    stale[0] = time.monotonic()  # frames flow again: the pipeline is fine whatever the cause was
+    watchdog.tick()
+    assert health.reasons == {}
+    assert sock.recv(4096) == b"WATCHDOG=1"
+    notifier.close()
+
+
 def test_watchdog_stops_pinging_when_its_check_fails(receiver, caplog) -> None:
     sock, path = receiver
     notifier = SdNotifier(env={"NOTIFY_SOCKET": path})

@@ -32,7 +32,11 @@ def test_starts_in_starting_and_not_ready() -> None:
 def test_state_derivation_order() -> None:
     health = Health()
     health.set_problem("source", "camera /dev/video0 gone, reopening")
-    assert health.state == "starting"  # problems before the first inference do not make it degraded
+    assert health.state == "degraded"  # up and retrying, and saying why
+    assert not health.ready  # but nothing inferred yet
+    health.clear_problem("source")
+    assert health.state == "starting"
+    health.set_problem("source", "camera /dev/video0 gone, reopening")
     health.mark_running()
     assert health.state == "degraded"
     assert health.ready
