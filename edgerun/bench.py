@@ -29,7 +29,7 @@ from edgerun.decoders.base import Decoder
 from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
-from edgerun.pipeline.runner import ModelInfo, Pipeline, PipelineSettings
+from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preprocess import Preprocessor
 from edgerun.sources import make_source
@@ -108,17 +108,23 @@ def open_clip(path: Path) -> Source:
 # -- phases --------------------------------------------------------------------
 
 
+def _bare_rate(bundle: ModelBundle, threads: int, seconds: float) -> tuple[float, float]:
+    engine = open_engine(bundle, threads)
+    tensor = engine.allocate_input()
+    tensor[...] = 0.25
+    outputs = engine.allocate_outputs()
+    try:
+        return timed_rate(lambda: engine.infer(tensor, outputs), seconds)
+    finally:
+        engine.close()
+
+
 def bench_bare(bundle: ModelBundle, seconds: float) -> dict[str, Any]:
     """The ceiling: invoke() on a fixed tensor, for each thread count; the best wins."""
     per_threads = {}
     for threads in range(1, (os.cpu_count() or 1) + 1):
-        engine = open_engine(bundle, threads)
-        tensor = engine.allocate_input()
-        tensor[...] = 0.25
-        outputs = engine.allocate_outputs()
-        fps, median = timed_rate(lambda: engine.infer(tensor, outputs), seconds)
+        fps, median = _bare_rate(bundle, threads, seconds)
         per_threads[threads] = {"fps": round(fps, 2), "median_ms": round(median * 1000, 3)}
-        engine.close()
     best = max(per_threads, key=lambda t: per_threads[t]["fps"])
     return {
         "bare_invoke_fps": per_threads[best]["fps"],
@@ -128,41 +134,45 @@ def bench_bare(bundle: ModelBundle, seconds: float) -> dict[str, Any]:
     }
 
 
-def bench_naive(bundle: ModelBundle, clip: list[np.ndarray], seconds: float) -> dict[str, Any]:
-    """The sequential loop tutorials write: read, resize, invoke, decode, serialise, one frame at a time."""
+def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, seconds: float) -> float:
     pre = bundle.manifest.preprocess
     mean = np.asarray(pre.mean, np.float32)
     std = np.asarray(pre.std, np.float32)
-    per_threads = {}
-    for threads in range(1, (os.cpu_count() or 1) + 1):
-        engine = open_engine(bundle, threads)
-        decoder = make_decoder(bundle, engine)
-        h, w = engine.input_spec.image_hw
-        interp = engine._interp  # noqa: SLF001 - the naive loop talks to the interpreter directly
-        in_index = interp.get_input_details()[0]["index"]
-        out_indices = [d["index"] for d in interp.get_output_details()]
-        counter = [0]
+    engine = open_engine(bundle, threads)
+    decoder = make_decoder(bundle, engine)
+    h, w = engine.input_spec.image_hw
+    interp = engine._interp
+    in_index = interp.get_input_details()[0]["index"]
+    out_indices = [d["index"] for d in interp.get_output_details()]
+    counter = [0]
 
-        def step() -> None:
-            frame = clip[counter[0] % len(clip)].copy()  # "read" a frame
-            counter[0] += 1
-            fh, fw = frame.shape[:2]
-            scale = min(w / fw, h / fh)
-            nw, nh = round(fw * scale), round(fh * scale)
-            resized = cv2.resize(frame, (nw, nh))
-            canvas = np.zeros((h, w, 3), np.uint8)
-            canvas[(h - nh) // 2 : (h - nh) // 2 + nh, (w - nw) // 2 : (w - nw) // 2 + nw] = resized
-            rgb = cv2.cvtColor(canvas, cv2.COLOR_BGR2RGB)
-            tensor = ((rgb.astype(np.float32) - mean) / std)[None]
-            interp.set_tensor(in_index, tensor)
-            interp.invoke()
-            outs = [interp.get_tensor(i) for i in out_indices]
-            det = decoder.decode(outs)
-            json.dumps({"boxes": det.boxes.tolist(), "scores": det.scores.tolist()})
+    def step() -> None:
+        frame = clip[counter[0] % len(clip)].copy()  # "read" a frame
+        counter[0] += 1
+        fh, fw = frame.shape[:2]
+        scale = min(w / fw, h / fh)
+        nw, nh = round(fw * scale), round(fh * scale)
+        resized = cv2.resize(frame, (nw, nh))
+        canvas = np.zeros((h, w, 3), np.uint8)
+        top, left = (h - nh) // 2, (w - nw) // 2
+        canvas[top : top + nh, left : left + nw] = resized
+        rgb = cv2.cvtColor(canvas, cv2.COLOR_BGR2RGB)
+        tensor = ((rgb.astype(np.float32) - mean) / std)[None]
+        interp.set_tensor(in_index, tensor)
+        interp.invoke()
+        outs = [interp.get_tensor(i) for i in out_indices]
+        det = decoder.decode(outs)
+        json.dumps({"boxes": det.boxes.tolist(), "scores": det.scores.tolist()})
 
-        fps, _ = timed_rate(step, seconds)
-        per_threads[threads] = round(fps, 2)
+    try:
+        return timed_rate(step, seconds)[0]
+    finally:
         engine.close()
+
+
+def bench_naive(bundle: ModelBundle, clip: list[np.ndarray], seconds: float) -> dict[str, Any]:
+    """The sequential loop tutorials write: read, resize, invoke, decode, serialise, one frame at a time."""
+    per_threads = {t: round(_naive_rate(bundle, clip, t, seconds), 2) for t in range(1, (os.cpu_count() or 1) + 1)}
     best = max(per_threads, key=lambda t: per_threads[t])
     return {"naive_fps": per_threads[best], "naive_best_threads": best, "naive_by_threads": per_threads}
 
@@ -272,10 +282,7 @@ def run_pipeline(
     pipeline = Pipeline(
         node_id="bench",
         source=source,
-        engine=engine,
-        preprocessor=pre,
-        decoder=decoder,
-        model=ModelInfo(bundle.name, bundle.version, bundle.labels),
+        runtime=ModelRuntime(engine, pre, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels)),
         on_batch=lambda b: loop.call_soon_threadsafe(on_loop, b),
         settings=PipelineSettings(queue_depth=1, policy=policy, pace_fps=pace_fps),
         stats=stats,

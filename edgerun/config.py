@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 import socket
-import tomllib
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import tomllib
 
 from edgerun.errors import ConfigError
 

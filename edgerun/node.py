@@ -22,7 +22,7 @@ from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.errors import EngineError, ModelError, SourceError
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
-from edgerun.pipeline.runner import ModelInfo, Pipeline, PipelineSettings
+from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preprocess import Preprocessor
 from edgerun.service.health import Health
@@ -71,6 +71,18 @@ def open_engine(cfg: Config, bundle: ModelBundle) -> Engine:
     raise EngineError("no engine could be opened: " + "; ".join(failures))
 
 
+def build_runtime(
+    bundle: ModelBundle, engine: Engine, frame_size: tuple[int, int], score_threshold: float | None = None
+) -> ModelRuntime:
+    """Engine + preprocessor + decoder for one bundle, ready to serve frames of ``frame_size`` (w, h)."""
+    params = dict(bundle.manifest.decoder.params)
+    if score_threshold is not None:
+        params["min_score_thresh"] = score_threshold
+    decoder = decoder_class(bundle.manifest.decoder.kind)(params, engine.input_spec, engine.output_specs)
+    preprocessor = Preprocessor(bundle.manifest.preprocess, engine.input_spec, *frame_size)
+    return ModelRuntime(engine, preprocessor, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels))
+
+
 class FpsMeter:
     """Batches per second over a sliding window of recent timestamps."""
 
@@ -105,15 +117,24 @@ class Node:
         self._fps = FpsMeter()
         self._stop: asyncio.Event | None = None
         self.pipeline: Pipeline | None = None
-        self.model_name = ""
-        self.model_version = 0
-        self.engine_key = ""
         self.t_start = time.monotonic()
         self.t_first_batch: float | None = None
         self.http_port: int | None = None
         self._notifier: Any = None
 
     # -- read by the service -------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.pipeline.runtime.model.name if self.pipeline else ""
+
+    @property
+    def model_version(self) -> int:
+        return self.pipeline.runtime.model.version if self.pipeline else 0
+
+    @property
+    def engine_key(self) -> str:
+        return self.pipeline.runtime.engine.KEY if self.pipeline else ""
 
     def fps(self) -> float:
         return self._fps.rate()
@@ -176,11 +197,6 @@ class Node:
 
         bundle = open_bundle(cfg)
         engine = open_engine(cfg, bundle)
-        self.model_name, self.model_version, self.engine_key = bundle.name, bundle.version, engine.KEY
-        params = dict(bundle.manifest.decoder.params)
-        if cfg.model.score_threshold is not None:
-            params["min_score_thresh"] = cfg.model.score_threshold
-        decoder = decoder_class(bundle.manifest.decoder.kind)(params, engine.input_spec, engine.output_specs)
 
         source = make_source(cfg.source)
         source_open = True
@@ -194,7 +210,7 @@ class Node:
             source.width = source.width or cfg.source.width or FALLBACK_FRAME_SIZE[0]
             source.height = source.height or cfg.source.height or FALLBACK_FRAME_SIZE[1]
 
-        preprocessor = Preprocessor(bundle.manifest.preprocess, engine.input_spec, source.width, source.height)
+        runtime = build_runtime(bundle, engine, (source.width, source.height), cfg.model.score_threshold)
         settings = PipelineSettings(
             queue_depth=cfg.pipeline.queue_depth,
             policy=cfg.pipeline.policy,
@@ -206,10 +222,7 @@ class Node:
         self.pipeline = pipeline = Pipeline(
             node_id=self.node_id,
             source=source,
-            engine=engine,
-            preprocessor=preprocessor,
-            decoder=decoder,
-            model=ModelInfo(bundle.name, bundle.version, bundle.labels),
+            runtime=runtime,
             on_batch=lambda batch: loop.call_soon_threadsafe(self._on_batch, batch),
             settings=settings,
             health=self.health,
@@ -246,7 +259,7 @@ class Node:
             pipeline.end_of_stream.set()  # release the executor waiter
             for waiter in waiters:
                 waiter.cancel()
-            engine.close()
+            pipeline.runtime.engine.close()
             source.close()
         log.info("stopped: %s", json.dumps(self.summary(), sort_keys=True))
         return 0

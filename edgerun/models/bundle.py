@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 import tomli_w
+import tomllib
 
 from edgerun.config import Section, _message
 from edgerun.errors import ConfigError, ModelError

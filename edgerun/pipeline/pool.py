@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -23,19 +23,45 @@ BLOCK = "block"
 POLICIES = (DROP_OLDEST, DROP_NEWEST, BLOCK)
 
 
+class RuntimeLike(Protocol):
+    engine: Any
+
+
 @dataclass(eq=False)
 class FrameSlot:
-    """One frame's buffers and what the stages learned about it."""
+    """One frame's buffers and what the stages learned about it.
+
+    Tensor buffers are per model runtime (a swap may change the input shape or
+    the back end's memory kind); ``bind`` points ``tensor``/``outputs`` at the
+    buffers of the runtime this frame is prepared for.
+    """
 
     index: int
     image: np.ndarray
-    tensor: np.ndarray
-    outputs: list[np.ndarray]
+    tensor: np.ndarray | None = None
+    outputs: list[np.ndarray] = field(default_factory=list)
+    runtime: Any = None  # the ModelRuntime this frame is bound to while in flight
     meta: FrameMeta | None = None
     # Monotonic end time of each stage for this frame; written in place, no per-frame dict.
     t_preprocessed: float = 0.0
     t_inferred: float = 0.0
     engine_key: str = ""
+    # Keyed by the runtime object itself (not id()), so a dead runtime's id cannot be reused.
+    _buffers: dict[Any, tuple[np.ndarray, list[np.ndarray]]] = field(default_factory=dict)
+
+    def buffers_for(self, runtime: RuntimeLike) -> tuple[np.ndarray, list[np.ndarray]]:
+        """This slot's input and output buffers for ``runtime``, made by its engine on first use."""
+        if runtime not in self._buffers:
+            engine = runtime.engine
+            self._buffers[runtime] = (engine.allocate_input(), engine.allocate_outputs())
+        return self._buffers[runtime]
+
+    def bind(self, runtime: RuntimeLike) -> None:
+        self.runtime = runtime
+        self.tensor, self.outputs = self.buffers_for(runtime)
+
+    def forget(self, runtime: RuntimeLike) -> None:
+        self._buffers.pop(runtime, None)
 
 
 class FramePool:
@@ -56,6 +82,7 @@ class FramePool:
 
     def release(self, slot: FrameSlot) -> None:
         slot.meta = None
+        slot.runtime = None
         with self._cond:
             self._free.append(slot)
             self._cond.notify()

@@ -60,6 +60,25 @@ class ModelInfo:
     labels: tuple[str, ...]
 
 
+class ModelRuntime:
+    """Everything that depends on the model: engine, preprocessor, decoder, and what batches report.
+
+    The pipeline serves one runtime at a time and can swap to another between
+    two frames (failover to another back end, an OTA model update). A frame
+    keeps the runtime it was preprocessed for until it is decoded, so frames in
+    flight during a swap finish on the model they were prepared for.
+    """
+
+    def __init__(self, engine: Engine, preprocessor: Preprocessor, decoder: Decoder, model: ModelInfo) -> None:
+        self.engine = engine
+        self.preprocessor = preprocessor
+        self.decoder = decoder
+        self.model = model
+
+    def __repr__(self) -> str:
+        return f"ModelRuntime({self.model.name} v{self.model.version} on {self.engine.KEY})"
+
+
 class Snapshot:
     """The latest frame with its detections, copied at most every ``interval`` seconds."""
 
@@ -91,10 +110,7 @@ class Pipeline:
         *,
         node_id: str,
         source: Source,
-        engine: Engine,
-        preprocessor: Preprocessor,
-        decoder: Decoder,
-        model: ModelInfo,
+        runtime: ModelRuntime,
         on_batch: Callable[[DetectionBatch], None],
         settings: PipelineSettings,
         health: ProblemReporter | None = None,
@@ -102,10 +118,7 @@ class Pipeline:
     ) -> None:
         self.node_id = node_id
         self.source = source
-        self.engine = engine
-        self.preprocessor = preprocessor
-        self.decoder = decoder
-        self.model = model
+        self.runtime = runtime
         self.on_batch = on_batch
         self.settings = settings
         self.health = health
@@ -125,13 +138,31 @@ class Pipeline:
         self._source_open = True
 
     def _make_slot(self, index: int) -> FrameSlot:
-        image = np.zeros((self.source.height, self.source.width, 3), np.uint8)
-        return FrameSlot(
-            index=index,
-            image=image,
-            tensor=self.engine.allocate_input(),
-            outputs=self.engine.allocate_outputs(),
-        )
+        slot = FrameSlot(index=index, image=np.zeros((self.source.height, self.source.width, 3), np.uint8))
+        slot.buffers_for(self.runtime)
+        return slot
+
+    def swap_runtime(self, new: ModelRuntime) -> ModelRuntime:
+        """Serve ``new`` from the next frame on; returns the old runtime (still finishing its frames).
+
+        Tensor buffers for ``new`` are made here, before the swap, so the frame
+        path never allocates. Call ``retire`` before closing the old engine.
+        """
+        for slot in self.pool.slots:
+            slot.buffers_for(new)
+        old, self.runtime = self.runtime, new
+        return old
+
+    def retire(self, old: ModelRuntime, timeout: float) -> bool:
+        """Wait until no frame in flight uses ``old``, then drop its buffers; False on timeout."""
+        end = time.monotonic() + timeout
+        while any(slot.runtime is old for slot in self.pool.slots):
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.002)
+        for slot in self.pool.slots:
+            slot.forget(old)
+        return True
 
     def _dropped_at(self, stage: str) -> Callable[[FrameSlot, str], None]:
         def on_drop(slot: FrameSlot, reason: str) -> None:
@@ -234,7 +265,7 @@ class Pipeline:
             backoff = min(backoff * 2, self.settings.reopen_backoff_max_s)
             try:
                 self.source.open()
-            except Exception as err:  # noqa: BLE001 - any open failure means try again later
+            except Exception as err:
                 if self.health is not None:
                     self.health.set_problem("source", f"{reason}; reopen failed: {err}")
                 continue
@@ -246,7 +277,6 @@ class Pipeline:
 
     def _preprocess_loop(self) -> None:
         stage = self.stats.stages["preprocess"]
-        preprocess = self.preprocessor
         inp, out = self._to_preprocess, self._to_infer
         try:
             while out.wait_for_room():
@@ -254,7 +284,8 @@ class Pipeline:
                 if slot is None:
                     break
                 t0 = time.monotonic()
-                preprocess(slot.image, slot.tensor)
+                slot.bind(self.runtime)  # read once: a swap takes effect between frames
+                slot.runtime.preprocessor(slot.image, slot.tensor)
                 slot.t_preprocessed = t1 = time.monotonic()
                 stage.record(t1 - t0)
                 out.put(slot)
@@ -270,11 +301,11 @@ class Pipeline:
                 slot = inp.get()
                 if slot is None:
                     break
-                engine = self.engine  # read once: failover may swap it between frames
+                engine = slot.runtime.engine
                 t0 = time.monotonic()
                 try:
                     engine.infer(slot.tensor, slot.outputs)
-                except Exception as err:  # noqa: BLE001 - a failing back end must not kill the stage
+                except Exception as err:
                     stats.drop("infer", "error")
                     self.pool.release(slot)
                     self._log_infer_error(err)
@@ -299,14 +330,15 @@ class Pipeline:
         stats = self.stats
         stage = stats.stages["decode"]
         inp = self._to_decode
-        decoder, model, snapshot = self.decoder, self.model, self.snapshot
-        letterbox = self.preprocessor.letterbox
+        snapshot = self.snapshot
         try:
             while True:
                 slot = inp.get()
                 if slot is None:
                     break
                 t0 = time.monotonic()
+                runtime = slot.runtime
+                decoder, model, letterbox = runtime.decoder, runtime.model, runtime.preprocessor.letterbox
                 detections = decoder.decode(slot.outputs)
                 letterbox.boxes_to_source(detections.boxes)
                 if detections.keypoints is not None:

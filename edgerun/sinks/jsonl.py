@@ -41,7 +41,7 @@ class JsonlSink(Sink):
         if self.cfg.path == "-":
             self._file = sys.stdout.buffer
         else:
-            self._file = open(self.cfg.path, "ab")  # noqa: SIM115 - closed in close()
+            self._file = open(self.cfg.path, "ab")
         self._thread = threading.Thread(target=self._write_loop, name="edgerun-jsonl", daemon=True)
         self._thread.start()
 

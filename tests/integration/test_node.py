@@ -67,7 +67,7 @@ class NodeProcess:
         while time.monotonic() < end:
             try:
                 self.messages.append(self.notify.recv(4096).decode())
-            except socket.timeout:
+            except TimeoutError:
                 pass
             if any(until in m for m in self.messages):
                 return self.messages
@@ -210,7 +210,10 @@ def test_corrupt_model_is_one_clear_line(tmp_path):
         '[variants]\ntflite = "model.tflite"\n'
     )
     cfg = write_config(tmp_path, REPLAY, free_port(), extra=f'[model]\nbundle = "{bundle}"\n')
-    proc = subprocess.run([sys.executable, "-m", "edgerun", "run", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgerun", "run", "-c", str(cfg)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"edgerun: error: {bundle / 'model.tflite'}: not a loadable TFLite model")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"edgerun: error: {bundle / 'model.tflite'}: not a loadable TFLite model")
     assert "Traceback" not in proc.stderr

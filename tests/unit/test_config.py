@@ -14,7 +14,10 @@ from edgerun.errors import ConfigError
     [
         ({"pipeline": {"queue_depth": 0}}, "pipeline.queue_depth: expected int >= 1, got 0"),
         ({"pipeline": {"queue_depth": "2"}}, "pipeline.queue_depth: expected int, got '2'"),
-        ({"pipeline": {"policy": "fast"}}, "pipeline.policy: expected one of 'drop_oldest', 'drop_newest', 'block', got 'fast'"),
+        (
+            {"pipeline": {"policy": "fast"}},
+            "pipeline.policy: expected one of 'drop_oldest', 'drop_newest', 'block', got 'fast'",
+        ),
         ({"pipeline": {"queue": 1}}, "pipeline.queue: unknown key"),
         ({"colour": 1}, "colour: unknown key"),
         ({"pipeline": 3}, "pipeline: expected table, got 3"),
@@ -41,10 +44,10 @@ def test_defaults_work_without_a_file():
 
 
 def test_example_config_documents_every_key_and_loads():
-    import tomllib
     from pathlib import Path
 
     import msgspec
+    import tomllib
 
     from edgerun.config import Config
 

@@ -386,9 +386,8 @@ def test_mediapipe_ssd_rejects_a_mismatched_bundle_at_load(face_engine):
 
 def test_demo_params_survive_a_toml_round_trip(face_engine):
     """The lead writes these dicts into model.toml; what comes back must still load."""
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     params = tomllib.loads(tomli_w.dumps({"p": BLAZEFACE_SHORT_PARAMS}))["p"]
     decoder = MediaPipeSSDDecoder(params, face_engine.input_spec, face_engine.output_specs)

@@ -10,7 +10,7 @@ from edgerun.pipeline.pool import BLOCK, DROP_NEWEST, DROP_OLDEST, FramePool, Fr
 
 
 def _slots(n: int) -> list[FrameSlot]:
-    return [FrameSlot(i, np.zeros(1), np.zeros(1), []) for i in range(n)]
+    return [FrameSlot(i, np.zeros(1)) for i in range(n)]
 
 
 def test_drop_oldest_evicts_the_oldest_waiting_slot():

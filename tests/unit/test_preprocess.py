@@ -8,7 +8,9 @@ from edgerun.models.bundle import PreprocessSpec
 from edgerun.preprocess import Letterbox, Preprocessor
 
 
-@pytest.mark.parametrize(("src", "dst"), [((640, 480), (128, 128)), ((480, 640), (224, 224)), ((1920, 1080), (320, 192))])
+@pytest.mark.parametrize(
+    ("src", "dst"), [((640, 480), (128, 128)), ((480, 640), (224, 224)), ((1920, 1080), (320, 192))]
+)
 @pytest.mark.parametrize("mode", ["letterbox", "stretch"])
 def test_letterbox_round_trip(src, dst, mode):
     lb = Letterbox(*src, *dst, mode=mode)
