@@ -40,14 +40,6 @@ LARGE_ALLOC_BYTES = 64 * 1024
 CLIP_FRAMES = 48
 
 
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="bundle path or demo name (default: blazeface_short)")
-    parser.add_argument("--seconds", type=float, default=8.0, help="length of each timed phase")
-    parser.add_argument("--soak-seconds", type=float, default=None, help="pipeline phase length for rss_growth_mb")
-    parser.add_argument("--json", dest="json_out", default=None, help="write results to this file")
-    parser.add_argument("--table", nargs="*", default=None, metavar="JSON", help="print a table of result files")
-
-
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:

@@ -114,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="measure throughput, latency and memory; writes JSON")
-    from edgerun.bench import add_bench_arguments
-
-    add_bench_arguments(bench)
+    bench.add_argument("--model", default=None, help="bundle path or demo name (default: blazeface_short)")
+    bench.add_argument("--seconds", type=float, default=8.0, help="length of each timed phase")
+    bench.add_argument("--soak-seconds", type=float, default=None, help="pipeline phase length for rss_growth_mb")
+    bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
+    bench.add_argument("--table", nargs="*", default=None, metavar="JSON", help="print a table of result files")
     bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", help="list inference back ends and whether they work here")
