@@ -118,6 +118,7 @@ class Node:
         self._stop: asyncio.Event | None = None
         self.pipeline: Pipeline | None = None
         self.t_start = time.monotonic()
+        self.t_pipeline_start = self.t_start
         self.t_first_batch: float | None = None
         self.http_port: int | None = None
         self._notifier: Any = None
@@ -233,18 +234,20 @@ class Node:
         http = await self._start_http()
         watchdog = Watchdog(
             self._notifier,
-            last_progress=lambda: self.stats.last_inference or self.t_start,
+            last_progress=lambda: self.stats.last_inference or self.t_pipeline_start,
             stall_s=cfg.service.stall_s,
             health=self.health,
             status_text=self.status_text,
             # A camera being reopened is a known, handled outage: a restart would not bring it back.
             stall_excused=lambda: "source" in self.health.reasons,
         )
-        watchdog_task = asyncio.create_task(watchdog.run())
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
+        # Stall time counts from here: loading the model and the scene is not a stalled pipeline.
+        self.t_pipeline_start = time.monotonic()
         pipeline.start(source_open=source_open)
+        watchdog_task = asyncio.create_task(watchdog.run())
         log.info(
             "node %s: %s v%d on %s, source %s %dx%d",
             self.node_id, bundle.name, bundle.version, engine.KEY, source.KEY, source.width, source.height,

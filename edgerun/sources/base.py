@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from edgerun.config import SourceConfig
 from edgerun.types import FrameMeta
 
 
@@ -20,11 +21,17 @@ class Source(ABC):
     KEY: ClassVar[str]
     # True for sources that can produce frames faster than real time (files,
     # replays): the capture stage then paces them at ``fps`` when asked to.
-    synthetic_clock: ClassVar[bool] = False
+    # A class default that an instance may override (an opencv file vs a camera).
+    synthetic_clock: bool = False
 
     width: int = 0
     height: int = 0
     fps: float = 0.0  # nominal rate; 0 when unknown
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: SourceConfig) -> Source:
+        """A source built from the node's ``[source]`` section (not opened yet)."""
 
     @abstractmethod
     def open(self) -> None:

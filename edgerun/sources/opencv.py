@@ -97,6 +97,8 @@ class OpenCvSource(Source):
         self.requested = (width, height)
         self.loop = loop
         self.kind, self._target, self._api = self._classify(uri)
+        # A recorded file decodes faster than real time: let the capture stage pace it at source.fps.
+        self.synthetic_clock = self.kind == "file"
         self.description = self._describe()
         self._cap: cv2.VideoCapture | None = None
         self._frame_shape: tuple[int, ...] = ()

@@ -62,7 +62,7 @@ class NodeProcess:
         )
         self.messages: list[str] = []
 
-    def recv_notify(self, until: str, timeout: float = 30.0) -> list[str]:
+    def recv_notify(self, until: str, timeout: float = 30.0, alive: bool = True) -> list[str]:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             try:
@@ -71,7 +71,8 @@ class NodeProcess:
                 pass
             if any(until in m for m in self.messages):
                 return self.messages
-            self.check_alive()
+            if alive:
+                self.check_alive()
         raise AssertionError(f"no {until!r} from sd_notify; got {self.messages}")
 
     def check_alive(self) -> None:
@@ -96,10 +97,17 @@ class NodeProcess:
                 time.sleep(0.1)
         raise AssertionError("HTTP never answered")
 
-    def lines(self) -> list[dict]:
+    def records(self) -> list[dict]:
         if not self.jsonl.exists():
             return []
         return [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+
+    def lines(self) -> list[dict]:
+        """The detection batches (the same file also carries node events)."""
+        return [r for r in self.records() if r["schema"] == "edgerun.detections/1"]
+
+    def events(self) -> list[dict]:
+        return [r for r in self.records() if r["schema"] == "edgerun.event/1"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -143,7 +151,7 @@ def test_node_detects_serves_http_and_notifies_systemd(node):
     assert 0 <= x1 < x2 <= 640 and 0 <= y1 < y2 <= 480
 
     status, ctype, body = n.get("/healthz")
-    assert status == 200 and json.loads(body)["state"] == "running"
+    assert status == 200 and json.loads(body)["state"] == "running", body
     status, _, body = n.get("/readyz")
     assert status == 200
     status, ctype, body = n.get("/metrics")
@@ -174,7 +182,9 @@ def test_sigterm_exits_zero_and_flushes_frames_in_flight(node):
     # Every batch the node handed to its sinks is in the file, and every captured frame is accounted for.
     assert len(written) == summary["frames"] > 0
     assert summary["captured"] == summary["frames"] + summary["dropped"]
-    assert any("STOPPING=1" in m for m in n.recv_notify("STOPPING=1", timeout=2))
+    assert any("STOPPING=1" in m for m in n.recv_notify("STOPPING=1", timeout=2, alive=False))
+    states = [e["state"] for e in n.events() if e["kind"] == "health"]
+    assert states[0] == "running" and states[-1] == "stopping"
 
 
 def test_missing_camera_keeps_the_node_up_and_degraded(node):
