@@ -45,8 +45,9 @@ def test_float_normalisation_matches_the_formula():
     tensor = np.empty(tensor_spec.shape, np.float32)
     pre(image, tensor)
     # RGB order: red and green are -1, blue is +1.
-    np.testing.assert_allclose(tensor[0, ..., 0], -1.0)
-    np.testing.assert_allclose(tensor[0, ..., 2], 1.0)
+    np.testing.assert_allclose(tensor[0, ..., 0], -1.0, atol=1e-6)
+    np.testing.assert_allclose(tensor[0, ..., 1], -1.0, atol=1e-6)
+    np.testing.assert_allclose(tensor[0, ..., 2], 1.0, atol=1e-6)
 
 
 def test_letterbox_padding_value_in_tensor():
