@@ -40,14 +40,6 @@ LARGE_ALLOC_BYTES = 64 * 1024
 CLIP_FRAMES = 48
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def resolve_bundle(model: str | None) -> ModelBundle:
     if model is None or model in DEMO_MODELS:
         return ensure_demo_bundle(model or "blazeface_short")
@@ -111,21 +103,6 @@ def _bare_rate(bundle: ModelBundle, threads: int, seconds: float) -> tuple[float
         engine.close()
 
 
-def bench_bare(bundle: ModelBundle, seconds: float) -> dict[str, Any]:
-    """The ceiling: invoke() on a fixed tensor, for each thread count; the best wins."""
-    per_threads = {}
-    for threads in range(1, (os.cpu_count() or 1) + 1):
-        fps, median = _bare_rate(bundle, threads, seconds)
-        per_threads[threads] = {"fps": round(fps, 2), "median_ms": round(median * 1000, 3)}
-    best = max(per_threads, key=lambda t: per_threads[t]["fps"])
-    return {
-        "bare_invoke_fps": per_threads[best]["fps"],
-        "median_invoke_ms": per_threads[best]["median_ms"],
-        "bare_best_threads": best,
-        "bare_by_threads": per_threads,
-    }
-
-
 def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, seconds: float) -> float:
     pre = bundle.manifest.preprocess
     mean = np.asarray(pre.mean, np.float32)
@@ -160,13 +137,6 @@ def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, secon
         return timed_rate(step, seconds)[0]
     finally:
         engine.close()
-
-
-def bench_naive(bundle: ModelBundle, clip: list[np.ndarray], seconds: float) -> dict[str, Any]:
-    """The sequential loop tutorials write: read, resize, invoke, decode, serialise, one frame at a time."""
-    per_threads = {t: round(_naive_rate(bundle, clip, t, seconds), 2) for t in range(1, (os.cpu_count() or 1) + 1)}
-    best = max(per_threads, key=lambda t: per_threads[t])
-    return {"naive_fps": per_threads[best], "naive_best_threads": best, "naive_by_threads": per_threads}
 
 
 def bench_stages(bundle: ModelBundle, source: Source, threads: int, seconds: float) -> dict[str, Any]:
@@ -249,7 +219,7 @@ def run_pipeline(
     seconds: float,
     policy: str,
     pace_fps: float = 0.0,
-    sample_rss: bool = False,
+    stage_threads: str = "auto",
 ) -> dict[str, Any]:
     """The pipeline as the node runs it: stage threads, batches into an asyncio loop, JSON encoded there."""
     import msgspec
@@ -276,18 +246,14 @@ def run_pipeline(
         source=source,
         runtime=ModelRuntime(engine, pre, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels)),
         on_batch=lambda b: loop.call_soon_threadsafe(on_loop, b),
-        settings=PipelineSettings(queue_depth=1, policy=policy, pace_fps=pace_fps),
+        settings=PipelineSettings(queue_depth=1, policy=policy, pace_fps=pace_fps, stage_threads=stage_threads),
         stats=stats,
     )
-    rss_samples: list[tuple[float, float]] = []
-
     async def main() -> None:
         pipeline.start()
         end = t_start + seconds
         while time.monotonic() < end:
             await asyncio.sleep(0.25)
-            if sample_rss:
-                rss_samples.append((time.monotonic() - t_start, rss_mb()))
         pipeline.stop()
         await loop.run_in_executor(None, pipeline.join, 2.0)
 
@@ -303,26 +269,35 @@ def run_pipeline(
         "dropped": stats.dropped_total,
         "frames": stats.published,
     }
-    if sample_rss and rss_samples:
-        # Growth from the end of warm-up (10% of the run) to the end.
-        warm = [r for t, r in rss_samples if t >= seconds * 0.1] or [rss_samples[0][1]]
-        result["rss_mb"] = round(rss_samples[-1][1], 1)
-        result["rss_growth_mb"] = round(rss_samples[-1][1] - warm[0], 2)
     return result
 
 
-def bench_cold_start(bundle: ModelBundle, image_dir: Path, tmp: Path) -> float:
-    """Process start to the first detection, for a real ``edgerun run`` subprocess."""
-    out = tmp / "cold.jsonl"
-    cfg = tmp / "cold.toml"
+def proc_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def bench_node_process(bundle: ModelBundle, image_dir: Path, tmp: Path, seconds: float) -> dict[str, Any]:
+    """A real ``edgerun run`` subprocess: process start to first detection, then its RSS over ``seconds``.
+
+    The source is a folder with one real photo, unpaced, so the node runs flat out
+    (the worst case for memory churn); RSS growth is from the end of warm-up (10%
+    of the run) to the end.
+    """
+    out = tmp / "node.jsonl"
+    cfg = tmp / "node.toml"
     cfg.write_text(
         f"""[node]
-id = "cold"
+id = "bench"
 log_level = "warning"
 [source]
 kind = "images"
 path = "{image_dir}"
 fps = 0
+preload = true
 [model]
 bundle = "{bundle.root}"
 [sinks.jsonl]
@@ -334,15 +309,29 @@ http_enabled = false
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "edgerun", "run", "-c", str(cfg)], stdout=subprocess.DEVNULL)
     try:
-        while time.monotonic() - t0 < 60:
-            if out.exists():
-                for line in out.read_text().splitlines():
-                    if '"label"' in line:
-                        return round(time.monotonic() - t0, 3)
+        cold_start = None
+        while cold_start is None:
+            if time.monotonic() - t0 > 60:
+                raise RuntimeError("bench node produced no detection within 60 s")
             if proc.poll() is not None:
-                raise RuntimeError(f"cold-start node exited with {proc.returncode}")
-            time.sleep(0.005)
-        raise RuntimeError("cold-start node produced no detection within 60 s")
+                raise RuntimeError(f"bench node exited with {proc.returncode}")
+            if out.exists() and '"label"' in out.read_text():
+                cold_start = time.monotonic() - t0
+            else:
+                time.sleep(0.005)
+        samples: list[tuple[float, float]] = []
+        t_run = time.monotonic()
+        while time.monotonic() - t_run < seconds:
+            time.sleep(0.5)
+            samples.append((time.monotonic() - t_run, proc_rss_mb(proc.pid)))
+            out.write_bytes(b"")  # keep the disk out of it: the file would grow for the whole soak
+        warm = [r for t, r in samples if t >= seconds * 0.1] or [samples[0][1]]
+        return {
+            "cold_start_s": round(cold_start, 3),
+            "rss_mb": round(max(r for _, r in samples), 1),
+            "rss_growth_mb": round(samples[-1][1] - warm[0], 2),
+            "soak_seconds": seconds,
+        }
     finally:
         proc.terminate()
         proc.wait(5)
@@ -358,31 +347,71 @@ def detection_photo_dir(tmp: Path) -> Path:
     return folder
 
 
-def run_bench(model: str | None, seconds: float, soak_seconds: float | None = None) -> dict[str, Any]:
+def _median(values: list[float]) -> float:
+    return round(float(np.median(values)), 2)
+
+
+def run_bench(model: str | None, seconds: float, soak_seconds: float | None = None, rounds: int = 3) -> dict[str, Any]:
+    """All phases for one bundle. Thread counts are swept first; then bare, naive and pipeline
+    run in interleaved rounds and each reports its median, so load drifting on a shared
+    machine hits all three alike and their ratios stay fair."""
     bundle = resolve_bundle(model)
-    result: dict[str, Any] = {"model": bundle.name, "model_version": bundle.version, "cores": os.cpu_count()}
+    cores = os.cpu_count() or 1
+    result: dict[str, Any] = {"model": bundle.name, "model_version": bundle.version, "cores": cores}
+    sweep_s = max(1.0, seconds / 4)
+    round_s = max(1.5, seconds / rounds)
     with tempfile.TemporaryDirectory(prefix="edgerun-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        result["cold_start_s"] = bench_cold_start(bundle, detection_photo_dir(tmp), tmp)
         clip_path = clip_dir(tmp)
         source = open_clip(clip_path)
         clip = [cv2.imread(str(p)) for p in sorted(clip_path.glob("*.png"))]
-        result.update(bench_bare(bundle, seconds / 2))
-        result.update(bench_naive(bundle, clip, seconds / 2))
-        runs = {}
-        for threads in range(1, (os.cpu_count() or 1) + 1):
-            runs[threads] = run_pipeline(bundle, source, threads, seconds, policy="block")
-        best = max(runs, key=lambda t: runs[t]["fps"])
-        result["pipeline_fps"] = runs[best]["fps"]
-        result["pipeline_threads"] = best
-        result["pipeline_by_threads"] = runs
-        result.update(bench_stages(bundle, source, best, max(1.0, seconds / 4)))
+        threads = range(1, cores + 1)
+        bare_sweep = {t: round(_bare_rate(bundle, t, sweep_s)[0], 2) for t in threads}
+        naive_sweep = {t: round(_naive_rate(bundle, clip, t, sweep_s), 2) for t in threads}
+        # The pipeline as the node runs it by default: one interpreter thread per core, stage_threads "auto".
+        # The sweep also shows the other layouts, for the record.
+        pipe_sweep = {
+            f"{t}-{mode}": run_pipeline(bundle, source, t, sweep_s + 1.0, policy="block", stage_threads=mode)["fps"]
+            for t in threads
+            for mode in ("separate", "fused")
+        }
+        bare_t = max(bare_sweep, key=bare_sweep.__getitem__)
+        naive_t = max(naive_sweep, key=naive_sweep.__getitem__)
+        pipe_t = cores
+        result["threads_sweep_fps"] = {"bare": bare_sweep, "naive": naive_sweep, "pipeline": pipe_sweep}
+        bare, medians, naive, pipe, pipe_p50 = [], [], [], [], []
+        for _ in range(rounds):
+            fps, median = _bare_rate(bundle, bare_t, round_s)
+            bare.append(fps)
+            medians.append(median * 1000)
+            naive.append(_naive_rate(bundle, clip, naive_t, round_s))
+            run = run_pipeline(bundle, source, pipe_t, round_s + 1.0, policy="block")
+            pipe.append(run["fps"])
+            pipe_p50.append(run["latency_p50_ms"])
+        result.update(
+            {
+                "bare_invoke_fps": _median(bare),
+                "median_invoke_ms": round(float(np.median(medians)), 3),
+                "bare_threads": bare_t,
+                "naive_fps": _median(naive),
+                "naive_threads": naive_t,
+                "pipeline_fps": _median(pipe),
+                "pipeline_threads": pipe_t,
+                "pipeline_block_latency_p50_ms": _median(pipe_p50),
+                "rounds": {
+                    "bare": [round(x, 2) for x in bare],
+                    "naive": [round(x, 2) for x in naive],
+                    "pipeline": pipe,
+                },
+            }
+        )
+        result.update(bench_stages(bundle, source, pipe_t, max(1.0, seconds / 4)))
         result["bottleneck_efficiency"] = round(result["pipeline_fps"] / result["bottleneck_fps"], 3)
         result["pipeline_vs_bare"] = round(result["pipeline_fps"] / result["bare_invoke_fps"], 3)
         result["pipeline_vs_naive"] = round(result["pipeline_fps"] / result["naive_fps"], 3)
         # Overload: a live camera at twice what the model can do; drop_oldest keeps latency bounded.
         overload = run_pipeline(
-            bundle, source, best, seconds, policy="drop_oldest", pace_fps=2 * result["bare_invoke_fps"]
+            bundle, source, pipe_t, seconds, policy="drop_oldest", pace_fps=2 * result["bare_invoke_fps"]
         )
         result["overload_source_fps"] = round(2 * result["bare_invoke_fps"], 2)
         result["overload_fps"] = overload["fps"]
@@ -390,13 +419,8 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         result["overload_p99_latency_ms"] = overload["latency_p99_ms"]
         result["overload_dropped"] = overload["dropped"]
         result["overload_latency_bound_ms"] = round(3 * result["median_invoke_ms"] + 2, 3)
-        soak = run_pipeline(
-            bundle, source, best, soak_seconds or seconds, policy="drop_oldest", pace_fps=15.0, sample_rss=True
-        )
-        result["rss_mb"] = soak["rss_mb"]
-        result["rss_growth_mb"] = soak["rss_growth_mb"]
-        result["soak_seconds"] = soak_seconds or seconds
         source.close()
+        result.update(bench_node_process(bundle, detection_photo_dir(tmp), tmp, soak_seconds or seconds))
     return result
 
 

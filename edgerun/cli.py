@@ -57,9 +57,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level or "warning")
+    if args.ota:
+        from edgerun.bench_ota import run_ota_bench_command
+
+        return run_ota_bench_command(args)
+    if args.failover:
+        from edgerun.bench_failover import run_failover_bench_command
+
+        return run_failover_bench_command(args)
     from edgerun.bench import run_bench_command
 
-    _setup_logging(args.log_level or "warning")
     return run_bench_command(args)
 
 
@@ -91,6 +99,22 @@ def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_build_trt(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level or "warning")
+    from edgerun.models.build_trt import build_trt_command
+
+    result = build_trt_command(
+        args.source,
+        args.out,
+        fp16=not args.no_fp16,
+        calibration=args.int8,
+        workspace_mb=args.workspace_mb,
+        device=args.device,
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgerun", description="Edge inference runtime for devices and swarms.")
     parser.add_argument("--version", action="version", version=f"edgerun {__version__}")
@@ -119,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--soak-seconds", type=float, default=None, help="pipeline phase length for rss_growth_mb")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
     bench.add_argument("--table", nargs="*", default=None, metavar="JSON", help="print a table of result files")
+    bench.add_argument(
+        "--failover", action="store_true", help="measure failover instead: time to fallback detections, frames lost"
+    )
+    bench.add_argument("--repeats", type=int, default=10, help="--failover: injected faults of each kind")
+    bench.add_argument(
+        "--ota", action="store_true", help="measure OTA updates instead: delta sizes, apply time, swap gap"
+    )
     bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", help="list inference back ends and whether they work here")
@@ -135,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")
     fetch.add_argument("names", nargs="*", help="blazeface_short, pose_detector (default: both)")
     fetch.set_defaults(func=cmd_model_fetch_demo)
+    build = msub.add_parser("build-trt", help="build a TensorRT engine from an ONNX model or a bundle (on the GPU)")
+    build.add_argument("source", help="a .onnx file, or a bundle directory (gets model.engine as its tensorrt variant)")
+    build.add_argument("--out", default=None, help="engine file (default: beside the ONNX model / in the bundle)")
+    build.add_argument("--no-fp16", action="store_true", help="FP32 only")
+    build.add_argument("--int8", metavar="CALIB", default=None, help="INT8 too, calibrated on a .npy or image folder")
+    build.add_argument("--workspace-mb", type=int, default=1024, help="TensorRT builder workspace")
+    build.add_argument("--device", default="", help="cuda:N (default cuda:0)")
+    build.set_defaults(func=cmd_model_build_trt)
 
     try:
         from edgerun.listen import add_listen_parser
@@ -142,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_listen_parser(sub)
+    from edgerun.ota.commands import add_ota_parser
+
+    add_ota_parser(sub)
     return parser
 
 

@@ -74,11 +74,18 @@ class EngineConfig(Section):
     order: list[str] = msgspec.field(default_factory=lambda: ["tflite"])
     num_threads: NonNegInt = 0  # 0: one per core
     device: str = ""  # edgetpu: "usb", "usb:0", "pci:0"; tensorrt/onnx: "cuda:0"
+    # An accelerator call running longer than this fails over; 0: 10x the engine's p99, at least 250 ms.
+    hang_deadline_ms: NonNegInt = 0
+    # A failed engine is re-probed after reprobe_min_s, doubling up to reprobe_max_s.
+    reprobe_min_s: PositiveFloat = 1.0
+    reprobe_max_s: PositiveFloat = 300.0
+    state_dir: str = ""  # crash breadcrumbs; empty: $STATE_DIRECTORY, else ./.cache/state
 
 
 class PipelineConfig(Section):
     queue_depth: PositiveInt = 1
     policy: Literal["drop_oldest", "drop_newest", "block"] = "drop_oldest"
+    stage_threads: Literal["auto", "separate", "fused"] = "auto"
 
 
 class JsonlSinkConfig(Section):
@@ -95,18 +102,25 @@ class MqttSinkConfig(Section):
     topic_prefix: str = ""  # empty: "edgerun/<node id>/"
     qos_detections: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
     qos_events: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
-    message_expiry_s: NonNegInt = 10
+    qos_metrics: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
+    qos_status: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
+    message_expiry_s: NonNegInt = 10  # 0: detections never expire at the broker
     keepalive_s: PositiveInt = 30
+    connect_timeout_s: PositiveFloat = 5.0
     session_expiry_s: NonNegInt = 0
     clean_start: bool = True
     username: str = ""
     password: str = ""
+    tls: bool = False  # TLS with the system CAs; implied by tls_ca or tls_cert
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     tls_insecure: bool = False
     outbox: PositiveInt = 1000
-    metrics_interval_s: NonNegFloat = 10.0
+    events_outbox: PositiveInt = 100
+    # Publishes awaiting PUBACK (QoS 1) or the socket (QoS 0); the broker's Receive Maximum caps it further.
+    max_inflight: PositiveInt = 20
+    metrics_interval_s: NonNegFloat = 10.0  # 0: no metrics messages
     reconnect_min_s: PositiveFloat = 0.2
     reconnect_max_s: PositiveFloat = 30.0
 
@@ -114,14 +128,19 @@ class MqttSinkConfig(Section):
 class DdsSinkConfig(Section):
     enabled: bool = False
     domain_id: Annotated[int, msgspec.Meta(ge=0, le=232)] = 0
-    # A Cyclone DDS XML config (path or inline). Empty: loopback only, multicast off.
+    # A Cyclone DDS XML config (path or inline). Empty: one made for ``interface``.
     cyclonedds_config: str = ""
-    ros2: bool = False
-    ros2_namespace: str = ""
+    # Network interface for the generated config; a loopback one ("lo") also turns multicast off.
+    interface: str = "lo"
+    native: bool = True  # edgerun::DetectionBatch on ``topic``
+    topic: str = "edgerun/detections"
+    ros2: bool = False  # also vision_msgs/msg/Detection2DArray on rt/<ros2_namespace>/detections
+    ros2_namespace: str = ""  # empty: the node id (characters outside [A-Za-z0-9_] become "_")
     frame_id: str = "camera"
     reliable: bool = False
-    depth: PositiveInt = 5
+    depth: NonNegInt = 0  # 0: 5 for best effort (the ROS sensor-data profile), 10 for reliable
     max_blocking_ms: NonNegInt = 5
+    outbox: PositiveInt = 64
 
 
 class SinksConfig(Section):
@@ -140,6 +159,25 @@ class ServiceConfig(Section):
     shutdown_timeout_s: PositiveFloat = 1.5
 
 
+class OtaConfig(Section):
+    enabled: bool = False
+    state_dir: str = ""  # A/B model slots, journal, anti-rollback counter; empty: $STATE_DIRECTORY or ./.cache/state
+    root_keys: list[str] = msgspec.field(default_factory=list)  # minisign public key files (or their base64 lines)
+    root_threshold: PositiveInt = 1  # distinct root signatures keys.json needs
+    watch_dir: str = ""  # a release directory to poll (USB stick, balena volume)
+    http_url: str = ""  # base URL of a release directory served over HTTP(S)
+    mqtt: bool = False  # retained releases on edgerun/fleet/releases/<model>, via sinks.mqtt's broker settings
+    poll_interval_s: PositiveFloat = 60.0
+    max_rate_bps: NonNegInt = 0  # download rate cap in bytes/s over every source; 0: none
+    board: str = ""  # board class matched against a release's compatibility.boards; empty: the machine type
+    clock: Literal["auto", "trusted", "untrusted"] = "auto"  # auto: trusted when the kernel says NTP-synchronised
+    # With an untrusted clock: "floor" checks expiry against the newest signed time seen; "refuse" waits.
+    untrusted_clock: Literal["floor", "refuse"] = "floor"
+    health_window_s: PositiveFloat = 30.0  # how long a new model is watched before it is committed
+    latency_factor: PositiveFloat = 3.0  # roll back when the new model's p99 inference time is above this x the old
+    max_infer_errors: NonNegInt = 0  # roll back when more inferences than this fail in the window
+
+
 class Config(Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
@@ -148,6 +186,7 @@ class Config(Section):
     pipeline: PipelineConfig = msgspec.field(default_factory=PipelineConfig)
     sinks: SinksConfig = msgspec.field(default_factory=SinksConfig)
     service: ServiceConfig = msgspec.field(default_factory=ServiceConfig)
+    ota: OtaConfig = msgspec.field(default_factory=OtaConfig)
 
     @property
     def node_id(self) -> str:
@@ -236,6 +275,8 @@ def _check_semantics(cfg: Config) -> None:
         if key not in ENGINE_MODULES:
             known = ", ".join(sorted(ENGINE_MODULES))
             raise ConfigError(f"engine.order[{i}]: expected one of {known}, got {key!r}")
+    if cfg.engine.reprobe_max_s < cfg.engine.reprobe_min_s:
+        raise ConfigError("engine.reprobe_max_s: expected >= engine.reprobe_min_s")
     if cfg.source.kind == "opencv" and not cfg.source.uri:
         raise ConfigError("source.uri: required when source.kind is 'opencv'")
     if cfg.source.kind == "images" and not cfg.source.path:
@@ -245,6 +286,13 @@ def _check_semantics(cfg: Config) -> None:
     mqtt = cfg.sinks.mqtt
     if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
         raise ConfigError("sinks.mqtt.tls_key: tls_cert and tls_key must be given together")
+    ota = cfg.ota
+    if ota.enabled and not ota.root_keys:
+        raise ConfigError("ota.root_keys: required when ota.enabled is true")
+    if ota.enabled and ota.root_threshold > len(ota.root_keys):
+        raise ConfigError(f"ota.root_threshold: expected <= the {len(ota.root_keys)} ota.root_keys")
+    if ota.enabled and not (ota.watch_dir or ota.http_url or ota.mqtt):
+        raise ConfigError("ota.watch_dir: ota.enabled needs an update source (watch_dir, http_url or mqtt)")
 
 
 def load_config(path: str | Path | None) -> Config:

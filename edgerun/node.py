@@ -14,11 +14,14 @@ import json
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from edgerun.config import Config
 from edgerun.decoders import decoder_class
 from edgerun.engines.base import Engine, EngineOptions, engine_class
+from edgerun.engines.breadcrumb import Breadcrumbs, default_state_dir
+from edgerun.engines.failover import LAST_RESORT, EventCallback, Failover, FailoverSettings
 from edgerun.errors import EngineError, ModelError, SourceError
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
@@ -83,6 +86,43 @@ def build_runtime(
     return ModelRuntime(engine, preprocessor, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels))
 
 
+def open_failover(
+    cfg: Config,
+    bundle: ModelBundle,
+    frame_size: tuple[int, int],
+    *,
+    health: Health | None = None,
+    on_event: EventCallback | None = None,
+) -> Failover:
+    """The failover controller over ``engine.order`` for ``bundle``; call ``start()`` to open the engines."""
+    options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device)
+    order = list(dict.fromkeys([*cfg.engine.order, LAST_RESORT]))
+    absent = {key: f"bundle has no {key} variant" for key in order if bundle.variant_path(key) is None}
+
+    def open_runtime(key: str) -> ModelRuntime:
+        path = bundle.variant_path(key)
+        assert path is not None
+        engine = engine_class(key)(path, options)
+        try:
+            return build_runtime(bundle, engine, frame_size, cfg.model.score_threshold)
+        except BaseException:
+            engine.close()
+            raise
+
+    ecfg = cfg.engine
+    settings = FailoverSettings(
+        hang_deadline_s=ecfg.hang_deadline_ms / 1000.0,
+        reprobe_min_s=ecfg.reprobe_min_s,
+        reprobe_max_s=ecfg.reprobe_max_s,
+    )
+    # Breadcrumbs only where an engine other than the CPU last resort can run.
+    watched = [key for key in order if key != LAST_RESORT and key not in absent]
+    crumbs = Breadcrumbs(Path(ecfg.state_dir) if ecfg.state_dir else default_state_dir()) if watched else None
+    return Failover(
+        order, open_runtime, settings, absent=absent, health=health, on_event=on_event, breadcrumbs=crumbs
+    )
+
+
 class FpsMeter:
     """Batches per second over a sliding window of recent timestamps."""
 
@@ -117,6 +157,8 @@ class Node:
         self._fps = FpsMeter()
         self._stop: asyncio.Event | None = None
         self.pipeline: Pipeline | None = None
+        self.failover: Failover | None = None
+        self.updater: Any = None  # edgerun.ota.updater.Updater when ota.enabled
         self.t_start = time.monotonic()
         self.t_pipeline_start = self.t_start
         self.t_first_batch: float | None = None
@@ -179,6 +221,10 @@ class Node:
         for sink in self.sinks:
             sink.publish_event("health", {"state": state, "reasons": reasons})
 
+    def _publish_event(self, kind: str, data: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.publish_event(kind, data)
+
     # -- lifecycle -----------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -196,8 +242,14 @@ class Node:
         self._notifier = SdNotifier()
         cfg = self.cfg
 
-        bundle = open_bundle(cfg)
-        engine = open_engine(cfg, bundle)
+        if cfg.ota.enabled:
+            from edgerun.ota.updater import Updater
+
+            # Recovers an interrupted update and serves the active slot (the configured bundle seeds slot a).
+            self.updater = Updater(self, cfg.ota)
+            bundle = self.updater.boot_bundle(lambda: open_bundle(cfg))
+        else:
+            bundle = open_bundle(cfg)
 
         source = make_source(cfg.source)
         source_open = True
@@ -211,10 +263,22 @@ class Node:
             source.width = source.width or cfg.source.width or FALLBACK_FRAME_SIZE[0]
             source.height = source.height or cfg.source.height or FALLBACK_FRAME_SIZE[1]
 
-        runtime = build_runtime(bundle, engine, (source.width, source.height), cfg.model.score_threshold)
+        self.failover = failover = open_failover(
+            cfg,
+            bundle,
+            (source.width, source.height),
+            health=self.health,
+            on_event=lambda kind, data: loop.call_soon_threadsafe(self._publish_event, kind, data),
+        )
+        try:
+            runtime = failover.start()
+        except BaseException:
+            source.close()
+            raise
         settings = PipelineSettings(
             queue_depth=cfg.pipeline.queue_depth,
             policy=cfg.pipeline.policy,
+            stage_threads=cfg.pipeline.stage_threads,
             pace_fps=cfg.source.fps,
             reopen_backoff_s=cfg.source.reopen_backoff_s,
             reopen_backoff_max_s=cfg.source.reopen_backoff_max_s,
@@ -228,9 +292,11 @@ class Node:
             settings=settings,
             health=self.health,
             stats=self.stats,
+            infer_guard=failover,
         )
 
         await self._start_sinks()
+        failover.attach(pipeline)  # after the sinks: its first event reports how the engines started
         http = await self._start_http()
         watchdog = Watchdog(
             self._notifier,
@@ -248,9 +314,11 @@ class Node:
         self.t_pipeline_start = time.monotonic()
         pipeline.start(source_open=source_open)
         watchdog_task = asyncio.create_task(watchdog.run())
+        if self.updater is not None:
+            self.updater.start()
         log.info(
             "node %s: %s v%d on %s, source %s %dx%d",
-            self.node_id, bundle.name, bundle.version, engine.KEY, source.KEY, source.width, source.height,
+            self.node_id, bundle.name, bundle.version, runtime.engine.KEY, source.KEY, source.width, source.height,
         )
 
         ended = loop.run_in_executor(None, pipeline.end_of_stream.wait)
@@ -262,7 +330,7 @@ class Node:
             pipeline.end_of_stream.set()  # release the executor waiter
             for waiter in waiters:
                 waiter.cancel()
-            pipeline.runtime.engine.close()
+            (self.failover or failover).close()  # an OTA update may have replaced it
             source.close()
         log.info("stopped: %s", json.dumps(self.summary(), sort_keys=True))
         return 0
@@ -301,6 +369,8 @@ class Node:
     async def _shutdown(self, pipeline: Pipeline, http: Any, watchdog_task: asyncio.Task[None], signals: bool) -> None:
         loop = asyncio.get_running_loop()
         timeout = self.cfg.service.shutdown_timeout_s
+        if self.updater is not None:
+            await self.updater.stop()  # first: no model swap while the pipeline drains
         self.health.mark_stopping()
         if self._notifier is not None:
             self._notifier.stopping()
@@ -317,6 +387,25 @@ class Node:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 
+    async def swap_model(self, runtime: ModelRuntime, failover: Failover | None = None) -> tuple[ModelRuntime, Any]:
+        """Serve ``runtime`` from the next frame (OTA update or rollback); returns the (runtime, failover) replaced.
+
+        The old runtime is retired (no frame in flight uses it) but left open, so the
+        caller can swap it back in or close it.
+        """
+        pipeline = self.pipeline
+        assert pipeline is not None
+        old = (pipeline.runtime, self.failover)
+        pipeline.swap_runtime(runtime)
+        if failover is not None:
+            self.failover = failover
+            pipeline.infer_guard = failover
+        timeout = self.cfg.service.shutdown_timeout_s
+        if not await asyncio.get_running_loop().run_in_executor(None, pipeline.retire, old[0], timeout):
+            log.warning("frames on the replaced model did not finish within %.1f s", timeout)
+        self._publish_event("model", {"name": runtime.model.name, "version": runtime.model.version})
+        return old
+
     def summary(self) -> dict[str, Any]:
         """Counters for the end-of-run summary and the periodic metrics message."""
         stats = self.stats
@@ -327,6 +416,8 @@ class Node:
             "model": self.model_name,
             "model_version": self.model_version,
             "engine": self.engine_key,
+            "engine_failovers": self.failover.failovers if self.failover else 0,
+            "engine_fallback_s": round(self.failover.fallback_seconds(), 3) if self.failover else 0.0,
             "state": self.health.state,
             "frames": stats.published,
             "captured": stats.captured,

@@ -62,6 +62,9 @@ class Engine(ABC):
     KEY: ClassVar[str]
     input_spec: TensorSpec
     output_specs: list[TensorSpec]
+    # CPU threads the back end computes on; the pipeline fuses its stages onto one
+    # thread when this covers every core (0: an accelerator does the work).
+    cpu_threads: int = 0
 
     def __init__(self, model_path: Path, options: EngineOptions) -> None:
         self.model_path = Path(model_path)
@@ -102,6 +105,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type, align: int = 6
 ENGINE_MODULES: dict[str, str] = {
     "tflite": "edgerun.engines.tflite:TFLiteEngine",
     "edgetpu": "edgerun.engines.tflite:EdgeTPUEngine",
+    "onnx": "edgerun.engines.onnx:OnnxEngine",
+    "tensorrt": "edgerun.engines.tensorrt:TensorRTEngine",
 }
 
 

@@ -81,6 +81,7 @@ class TFLiteEngine(Engine):
         self.output_specs = [_spec(d, image=False) for d in outputs]
         self._output_indices = [int(d["index"]) for d in outputs]
         self.num_threads = threads
+        self.cpu_threads = threads
 
     def _delegates(self, module: Any) -> list[Any]:
         return []
@@ -105,6 +106,10 @@ class EdgeTPUEngine(TFLiteEngine):
     """A model compiled for the Coral Edge TPU (``*_edgetpu.tflite``), run through libedgetpu."""
 
     KEY = "edgetpu"
+
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
+        super().__init__(model_path, options)
+        self.cpu_threads = 0  # the TPU computes; the CPU only feeds it
 
     def _delegates(self, module: Any) -> list[Any]:
         delegate_options = {"device": self.options.device} if self.options.device else {}

@@ -14,6 +14,7 @@ Finished batches enter the asyncio loop through ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -33,12 +34,42 @@ from edgerun.types import DetectionBatch
 log = logging.getLogger(__name__)
 
 
+
+def _name_native_thread(name: str) -> None:
+    """Name the OS thread (``top -H``, ``ps -L``, /proc/*/task/*/comm) so operators see the stages."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 class ProblemReporter(Protocol):
     """The part of health the pipeline uses (``edgerun.service.health.Health``)."""
 
     def set_problem(self, key: str, reason: str) -> None: ...
 
     def clear_problem(self, key: str) -> None: ...
+
+
+class FrameLost(Exception):
+    """Raised by an ``InferGuard`` for a frame it gave up on; counted under ``reason``, not logged."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class InferGuard(Protocol):
+    """Runs the infer stage's engine calls for the pipeline (``edgerun.engines.failover.Failover``).
+
+    It may call the engine through a watched worker, switch the pipeline to
+    another runtime on a fault, and raise ``FrameLost`` for frames it dropped.
+    """
+
+    def infer(self, runtime: ModelRuntime, tensor: np.ndarray, outputs: list[np.ndarray]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -49,6 +80,15 @@ class PipelineSettings:
     reopen_backoff_s: float = 0.5
     reopen_backoff_max_s: float = 10.0
     snapshot_interval_s: float = 1.0
+    # "separate": one thread per stage. "fused": preprocess, infer and decode share one
+    # thread. "auto": fused when the engine already runs CPU threads on every core,
+    # where overlapping stages only steals cores from the interpreter (see README, Benchmarks).
+    stage_threads: str = "auto"
+
+
+def engine_cpu_threads(engine: object) -> int:
+    """CPU threads an engine computes on (0 for accelerators that leave the CPU free)."""
+    return int(getattr(engine, "cpu_threads", 0))
 
 
 @dataclass(slots=True)
@@ -115,6 +155,7 @@ class Pipeline:
         settings: PipelineSettings,
         health: ProblemReporter | None = None,
         stats: PipelineStats | None = None,
+        infer_guard: InferGuard | None = None,
     ) -> None:
         self.node_id = node_id
         self.source = source
@@ -122,6 +163,7 @@ class Pipeline:
         self.on_batch = on_batch
         self.settings = settings
         self.health = health
+        self.infer_guard = infer_guard
         self.stats = stats or PipelineStats()
         self.snapshot = Snapshot(settings.snapshot_interval_s)
         depth = settings.queue_depth
@@ -136,6 +178,10 @@ class Pipeline:
         self.finished = threading.Event()  # set when the decode stage has drained
         self.end_of_stream = threading.Event()
         self._source_open = True
+        if settings.stage_threads == "auto":
+            self.fused = engine_cpu_threads(runtime.engine) >= (os.cpu_count() or 1)
+        else:
+            self.fused = settings.stage_threads == "fused"
 
     def _make_slot(self, index: int) -> FrameSlot:
         slot = FrameSlot(index=index, image=np.zeros((self.source.height, self.source.width, 3), np.uint8))
@@ -176,12 +222,17 @@ class Pipeline:
     def start(self, source_open: bool = True) -> None:
         """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source."""
         self._source_open = source_open
-        for name, target in (
-            ("capture", self._capture_loop),
-            ("preprocess", self._preprocess_loop),
-            ("infer", self._infer_loop),
-            ("decode", self._decode_loop),
-        ):
+        stages: tuple[tuple[str, Callable[[], None]], ...]
+        if self.fused:
+            stages = (("capture", self._capture_loop), ("worker", self._fused_loop))
+        else:
+            stages = (
+                ("capture", self._capture_loop),
+                ("preprocess", self._preprocess_loop),
+                ("infer", self._infer_loop),
+                ("decode", self._decode_loop),
+            )
+        for name, target in stages:
             # Daemon threads: a driver that hangs inside infer must not keep the process alive at exit.
             thread = threading.Thread(target=self._guard(name, target), name=f"edgerun-{name}", daemon=True)
             thread.start()
@@ -189,6 +240,7 @@ class Pipeline:
 
     def _guard(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
+            _name_native_thread(f"edgerun-{name}")
             try:
                 target()
             except Exception:
@@ -198,7 +250,7 @@ class Pipeline:
                 self._stop.set()
                 for handoff in (self._to_preprocess, self._to_infer, self._to_decode):
                     handoff.close()
-                if name == "decode":
+                if name in ("decode", "worker"):
                     self.finished.set()
 
         return run
@@ -275,47 +327,94 @@ class Pipeline:
             return self.settings.reopen_backoff_s
         return backoff
 
+    # Per-frame steps, shared by the separate stage threads and the fused worker.
+
+    def _preprocess_one(self, slot: FrameSlot) -> None:
+        t0 = time.monotonic()
+        slot.bind(self.runtime)  # read once: a swap takes effect between frames
+        slot.runtime.preprocessor(slot.image, slot.tensor)
+        slot.t_preprocessed = t1 = time.monotonic()
+        self.stats.stages["preprocess"].record(t1 - t0)
+
+    def _infer_one(self, slot: FrameSlot) -> bool:
+        """Run the model; False when the frame was lost (counted, slot released)."""
+        stats = self.stats
+        engine = slot.runtime.engine
+        guard = self.infer_guard
+        t0 = time.monotonic()
+        try:
+            if guard is None:
+                engine.infer(slot.tensor, slot.outputs)
+            else:
+                guard.infer(slot.runtime, slot.tensor, slot.outputs)
+        except FrameLost as lost:
+            stats.drop("infer", lost.reason)
+            self.pool.release(slot)
+            return False
+        except Exception as err:
+            stats.drop("infer", "error")
+            self.pool.release(slot)
+            self._log_infer_error(err)
+            return False
+        slot.t_inferred = t1 = time.monotonic()
+        slot.engine_key = engine.KEY
+        stats.stages["infer"].record(t1 - t0)
+        stats.inferred += 1
+        stats.last_inference = t1
+        return True
+
+    def _decode_one(self, slot: FrameSlot) -> None:
+        t0 = time.monotonic()
+        runtime = slot.runtime
+        decoder, model, letterbox = runtime.decoder, runtime.model, runtime.preprocessor.letterbox
+        detections = decoder.decode(slot.outputs)
+        letterbox.boxes_to_source(detections.boxes)
+        if detections.keypoints is not None:
+            letterbox.to_source(detections.keypoints)
+        meta = slot.meta
+        assert meta is not None
+        batch = DetectionBatch(
+            node_id=self.node_id,
+            meta=meta,
+            detections=detections,
+            labels=model.labels,
+            model_name=model.name,
+            model_version=model.version,
+            engine=slot.engine_key,
+            stamps={"preprocessed": slot.t_preprocessed, "inferred": slot.t_inferred},
+        )
+        t1 = time.monotonic()
+        batch.stamps["decoded"] = t1
+        self.stats.stages["decode"].record(t1 - t0)
+        self.stats.detections += len(detections)
+        if self.snapshot.due(t1):
+            self.snapshot.take(slot, batch, t1)
+        self.pool.release(slot)
+        self.on_batch(batch)
+
+    # Stage loops. Each waits for room downstream before taking its next input.
+
     def _preprocess_loop(self) -> None:
-        stage = self.stats.stages["preprocess"]
         inp, out = self._to_preprocess, self._to_infer
         try:
             while out.wait_for_room():
                 slot = inp.get()
                 if slot is None:
                     break
-                t0 = time.monotonic()
-                slot.bind(self.runtime)  # read once: a swap takes effect between frames
-                slot.runtime.preprocessor(slot.image, slot.tensor)
-                slot.t_preprocessed = t1 = time.monotonic()
-                stage.record(t1 - t0)
+                self._preprocess_one(slot)
                 out.put(slot)
         finally:
             out.close()
 
     def _infer_loop(self) -> None:
-        stats = self.stats
-        stage = stats.stages["infer"]
         inp, out = self._to_infer, self._to_decode
         try:
             while out.wait_for_room():
                 slot = inp.get()
                 if slot is None:
                     break
-                engine = slot.runtime.engine
-                t0 = time.monotonic()
-                try:
-                    engine.infer(slot.tensor, slot.outputs)
-                except Exception as err:
-                    stats.drop("infer", "error")
-                    self.pool.release(slot)
-                    self._log_infer_error(err)
-                    continue
-                slot.t_inferred = t1 = time.monotonic()
-                slot.engine_key = engine.KEY
-                stage.record(t1 - t0)
-                stats.inferred += 1
-                stats.last_inference = t1
-                out.put(slot)
+                if self._infer_one(slot):
+                    out.put(slot)
         finally:
             out.close()
 
@@ -327,41 +426,20 @@ class Pipeline:
             self.health.set_problem("engine", f"inference failing: {err}")
 
     def _decode_loop(self) -> None:
-        stats = self.stats
-        stage = stats.stages["decode"]
         inp = self._to_decode
-        snapshot = self.snapshot
         try:
-            while True:
-                slot = inp.get()
-                if slot is None:
-                    break
-                t0 = time.monotonic()
-                runtime = slot.runtime
-                decoder, model, letterbox = runtime.decoder, runtime.model, runtime.preprocessor.letterbox
-                detections = decoder.decode(slot.outputs)
-                letterbox.boxes_to_source(detections.boxes)
-                if detections.keypoints is not None:
-                    letterbox.to_source(detections.keypoints)
-                meta = slot.meta
-                assert meta is not None
-                batch = DetectionBatch(
-                    node_id=self.node_id,
-                    meta=meta,
-                    detections=detections,
-                    labels=model.labels,
-                    model_name=model.name,
-                    model_version=model.version,
-                    engine=slot.engine_key,
-                    stamps={"preprocessed": slot.t_preprocessed, "inferred": slot.t_inferred},
-                )
-                t1 = time.monotonic()
-                batch.stamps["decoded"] = t1
-                stage.record(t1 - t0)
-                stats.detections += len(detections)
-                if snapshot.due(t1):
-                    snapshot.take(slot, batch, t1)
-                self.pool.release(slot)
-                self.on_batch(batch)
+            while (slot := inp.get()) is not None:
+                self._decode_one(slot)
+        finally:
+            self.finished.set()
+
+    def _fused_loop(self) -> None:
+        """Preprocess, infer and decode on one thread (see ``fused_stages``)."""
+        inp = self._to_preprocess
+        try:
+            while (slot := inp.get()) is not None:
+                self._preprocess_one(slot)
+                if self._infer_one(slot):
+                    self._decode_one(slot)
         finally:
             self.finished.set()

@@ -93,6 +93,20 @@ class NodeCollector:
             up.add_metric([sink.KEY], 1.0 if sink.stats.connected else 0.0)
         yield from (sent, sdrop, errors, up)
         yield gauge("edgerun_pool_free_slots", "Frame slots not holding a frame.", node.pool_free())
+        failover = getattr(node, "failover", None)
+        if failover is not None:
+            active = GaugeMetricFamily(
+                "edgerun_engine_active", "1 for the back end serving frames, 0 for the others.", labels=["engine"]
+            )
+            for key in failover.keys:
+                active.add_metric([key], 1.0 if key == failover.active_key else 0.0)
+            yield active
+            yield counter("edgerun_failovers", "Mid-stream switches to a fallback engine.", failover.failovers)
+            yield counter(
+                "edgerun_fallback_seconds",
+                "Time served on an engine other than the preferred one.",
+                failover.fallback_seconds(),
+            )
 
 
 def metrics_text(registry: CollectorRegistry) -> str:

@@ -1,0 +1,437 @@
+"""``edgerun listen``: watch what nodes publish, over MQTT or DDS, without other tools.
+
+One line per message: a short human summary, or the message as JSON with
+``--json``. Everything received is untrusted: a payload that is too big, not
+UTF-8, not JSON or not shaped like ``edgerun.detections/1`` is counted and
+skipped (the first one is described on stderr), never a crash.
+
+    edgerun listen --mqtt 127.0.0.1:1883                      # every node's detections
+    edgerun listen --mqtt 127.0.0.1:1883 --topic 'edgerun/#'  # and events, status, metrics
+    edgerun listen --dds --json                                # native DDS topic, as JSON lines
+    edgerun listen --dds --ros2                                # vision_msgs/Detection2DArray topics
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from edgerun.errors import EdgerunError
+from edgerun.types import PAYLOAD_SCHEMA
+
+DEFAULT_MQTT_TOPIC = "edgerun/+/detections"
+DEFAULT_MAX_BYTES = 1 << 20
+_PRINT_DETECTIONS = 4  # boxes shown per line before "+N more"
+
+
+# -- Parsing untrusted payloads ----------------------------------------------------------------
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_detections(obj: dict[str, Any]) -> None:
+    """Check the fields a reader of ``edgerun.detections/1`` relies on; ValueError names the first bad one."""
+    if not isinstance(obj.get("node"), str):
+        raise ValueError("node: expected a string")
+    if not isinstance(obj.get("seq"), int) or isinstance(obj.get("seq"), bool):
+        raise ValueError("seq: expected an integer")
+    if not _is_number(obj.get("ts")):
+        raise ValueError("ts: expected a number")
+    model = obj.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+        raise ValueError("model.name: expected a string")
+    latency = obj.get("latency_ms")
+    if latency is not None and not _is_number(latency):
+        raise ValueError("latency_ms: expected a number or null")
+    detections = obj.get("detections")
+    if not isinstance(detections, list):
+        raise ValueError("detections: expected an array")
+    for i, det in enumerate(detections):
+        if not isinstance(det, dict):
+            raise ValueError(f"detections[{i}]: expected an object")
+        if not isinstance(det.get("label"), str):
+            raise ValueError(f"detections[{i}].label: expected a string")
+        if not _is_number(det.get("score")):
+            raise ValueError(f"detections[{i}].score: expected a number")
+        box = det.get("box")
+        if not (isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)):
+            raise ValueError(f"detections[{i}].box: expected 4 numbers")
+
+
+def decode_message(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Any]:
+    """Classify one received payload: ``("detections", dict)``, ``("json", obj)`` or ``("text", str)``.
+
+    Raises ValueError with an exact reason for anything malformed.
+    """
+    if len(data) > max_bytes:
+        raise ValueError(f"payload of {len(data)} bytes is over the {max_bytes}-byte limit")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("payload is not UTF-8") from None
+    stripped = text.strip()
+    if not stripped.startswith(("{", "[")):
+        if any(ch < " " and ch not in "\t" for ch in stripped):
+            raise ValueError("text payload has control characters")
+        return "text", stripped
+    try:
+        obj = json.loads(stripped)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"payload is not JSON ({err.msg} at offset {err.pos})") from None
+    except RecursionError:
+        raise ValueError("payload JSON is nested too deeply") from None
+    if isinstance(obj, dict) and obj.get("schema") == PAYLOAD_SCHEMA:
+        check_detections(obj)
+        return "detections", obj
+    return "json", obj
+
+
+# -- Formatting ------------------------------------------------------------------------------
+
+
+def _clock(ts: float) -> str:
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int((ts % 1) * 1000):03d}"
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:.3f}"
+
+
+def format_detections(p: dict[str, Any]) -> str:
+    """``node #seq hh:mm:ss.mmm model vN/engine 12.3 ms  2 det: face 0.93 [x1,y1,x2,y2] ...``"""
+    model = p["model"]
+    latency = p.get("latency_ms")
+    parts = [
+        f"{p['node']} #{p['seq']} {_clock(p['ts'])}",
+        f"{model['name']} v{model.get('version', '?')}/{model.get('engine', '?')}",
+        f"{latency:.1f} ms" if latency is not None else "- ms",
+    ]
+    dets = p["detections"]
+    shown = [
+        f"{d['label']} {d['score']:.2f} [{','.join(f'{v:.0f}' for v in d['box'])}]" for d in dets[:_PRINT_DETECTIONS]
+    ]
+    more = f" +{len(dets) - _PRINT_DETECTIONS} more" if len(dets) > _PRINT_DETECTIONS else ""
+    return " ".join(parts) + f"  {len(dets)} det" + (": " + "; ".join(shown) if shown else "") + more
+
+
+def format_ros2(topic: str, msg: Any) -> str:
+    stamp = msg.header.stamp
+    shown = []
+    for det in msg.detections[:_PRINT_DETECTIONS]:
+        hyp = det.results[0].hypothesis if det.results else None
+        label = f"{hyp.class_id} {hyp.score:.2f}" if hyp is not None else "?"
+        c = det.bbox.center.position
+        shown.append(f"{label} c=({c.x:.0f},{c.y:.0f}) {det.bbox.size_x:.0f}x{det.bbox.size_y:.0f}")
+    n = len(msg.detections)
+    more = f" +{n - _PRINT_DETECTIONS} more" if n > _PRINT_DETECTIONS else ""
+    ts = stamp.sec + stamp.nanosec / 1e9
+    return f"{topic} [{msg.header.frame_id}] {_clock(ts)}  {n} det" + (": " + "; ".join(shown) if shown else "") + more
+
+
+class Printer:
+    """Writes one line per message and keeps the counts; thread-safe (paho calls from its thread)."""
+
+    def __init__(self, as_json: bool, count: int, out: Any = None, err: Any = None) -> None:
+        self.as_json = as_json
+        self.count = count
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.printed = 0
+        self.bad = 0
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            if self.done.is_set():
+                return
+            try:
+                self.out.write(text + "\n")
+                self.out.flush()
+            except BrokenPipeError:  # `edgerun listen | head`: the reader has gone, so have we
+                self.done.set()
+                return
+            self.printed += 1
+            if self.count and self.printed >= self.count:
+                self.done.set()
+
+    def bad_message(self, where: str, reason: str) -> None:
+        with self._lock:
+            self.bad += 1
+            if self.bad == 1:
+                self.err.write(f"listen: skipped a bad message on {where}: {reason} (further ones are only counted)\n")
+                self.err.flush()
+
+    def mqtt_message(self, topic: str, data: bytes, max_bytes: int, node: str = "") -> None:
+        try:
+            kind, obj = decode_message(data, max_bytes)
+        except ValueError as err:
+            self.bad_message(topic, str(err))
+            return
+        if node and kind == "detections" and obj["node"] != node:
+            return
+        if self.as_json:
+            if kind == "text":
+                self.line(json.dumps({"topic": topic, "text": obj}))
+            else:
+                self.line(json.dumps(obj, separators=(",", ":")))
+        elif kind == "detections":
+            self.line(format_detections(obj))
+        elif kind == "json":
+            self.line(f"{topic} {json.dumps(obj, separators=(',', ':'))}")
+        else:
+            self.line(f"{topic} {obj}")
+
+
+# -- MQTT ------------------------------------------------------------------------------------
+
+
+def parse_host_port(text: str, default_port: int = 1883) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text or "127.0.0.1", default_port
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise EdgerunError(f"listen: --mqtt: expected HOST:PORT, got {text!r}") from None
+    if not 0 < number < 65536:
+        raise EdgerunError(f"listen: --mqtt: port must be 1..65535, got {number}")
+    return host, number
+
+
+def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
+    import ssl
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+    host, port = parse_host_port(args.mqtt)
+    topics = args.topic or [DEFAULT_MQTT_TOPIC]
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"edgerun-listen-{random.SystemRandom().randrange(1 << 32):08x}",
+        protocol=MQTTProtocolVersion.MQTTv5,
+    )
+    client.reconnect_delay_set(0.2, 5)
+    if args.username:
+        client.username_pw_set(args.username, args.password or os.environ.get("EDGERUN_MQTT_PASSWORD") or None)
+    if args.tls_ca or args.tls_cert or args.tls:
+        try:
+            ctx = ssl.create_default_context(cafile=args.tls_ca or None)
+            if args.tls_cert:
+                ctx.load_cert_chain(args.tls_cert, args.tls_key or None)
+        except (OSError, ssl.SSLError) as err:
+            raise EdgerunError(f"listen: TLS files: {err}") from None
+        if args.tls_insecure:
+            ctx.check_hostname = False
+        client.tls_set_context(ctx)
+        if args.tls_insecure:
+            client.tls_insecure_set(True)
+    last_error = [""]
+
+    def report(text: str) -> None:
+        if text != last_error[0]:
+            last_error[0] = text
+            print(f"listen: {host}:{port}: {text}", file=sys.stderr, flush=True)
+
+    def on_connect(c: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            report(f"broker refused the connection ({reason})")
+            return
+        c.subscribe([(t, args.qos) for t in topics])
+        report(f"listening on {', '.join(topics)}")
+
+    def on_connect_fail(c: Any, userdata: Any) -> None:
+        report("cannot connect; retrying")
+
+    def on_message(c: Any, userdata: Any, msg: Any) -> None:
+        printer.mqtt_message(msg.topic, msg.payload, args.max_bytes, args.node)
+
+    client.on_connect = on_connect
+    client.on_connect_fail = on_connect_fail
+    client.on_message = on_message
+    client.connect_async(host, port, keepalive=30)
+    client.loop_start()
+    try:
+        printer.done.wait(args.seconds or None)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+# -- DDS -------------------------------------------------------------------------------------
+
+
+def _listen_dds(args: argparse.Namespace, printer: Printer) -> None:
+    from cyclonedds.builtin import BuiltinDataReader, BuiltinTopicDcpsPublication
+    from cyclonedds.core import DDSException
+    from cyclonedds.domain import DomainParticipant
+    from cyclonedds.qos import Policy, Qos
+    from cyclonedds.sub import DataReader
+    from cyclonedds.topic import Topic
+
+    from edgerun.sinks.dds import native_to_payload, open_domain, release_domain, resolve_config
+    from edgerun.sinks.idl import native, ros2
+
+    config = resolve_config(args.dds_config, args.interface, key="--dds-config")
+    try:
+        open_domain(args.domain, config)
+        participant = DomainParticipant(args.domain)
+    except DDSException as err:
+        raise EdgerunError(f"listen: cannot start Cyclone DDS on domain {args.domain} ({err})") from None
+    # Best effort reads from best-effort and reliable writers alike; a deep history rides out bursts.
+    policies: list[Any] = [Policy.Reliability.BestEffort, Policy.History.KeepLast(100), Policy.Durability.Volatile]
+    if args.ros2:
+        policies.append(Policy.DataRepresentation(use_cdrv0_representation=True))  # what rmw_cyclonedds writes
+    qos = Qos(*policies)
+    readers: dict[str, Any] = {}
+
+    def add_reader(name: str, datatype: type) -> None:
+        if name not in readers:
+            readers[name] = DataReader(participant, Topic(participant, name, datatype, qos=qos), qos=qos)
+            print(f"listen: domain {args.domain}: reading {name}", file=sys.stderr, flush=True)
+
+    discovery = None
+    if args.ros2:
+        if args.namespace:
+            add_reader(ros2.topic_name(args.namespace), ros2.Detection2DArray)
+        else:
+            discovery = BuiltinDataReader(participant, BuiltinTopicDcpsPublication)
+    else:
+        for name in args.topic or [native.TOPIC]:
+            add_reader(name, native.DetectionBatch)
+
+    deadline = time.monotonic() + args.seconds if args.seconds else math.inf
+    try:
+        while not printer.done.is_set() and time.monotonic() < deadline:
+            if discovery is not None:
+                for ep in discovery.take(N=64):
+                    name = getattr(ep, "topic_name", "")
+                    if getattr(ep, "type_name", "") == ros2.TYPE_NAME and name.endswith("/detections"):
+                        add_reader(name, ros2.Detection2DArray)
+            got = False
+            for name, reader in list(readers.items()):
+                try:
+                    samples = reader.take(N=64)
+                except Exception as err:  # a sample that does not deserialize is untrusted input
+                    printer.bad_message(name, f"{type(err).__name__}: {err}")
+                    continue
+                for sample in samples:
+                    got = True
+                    _print_dds_sample(printer, name, sample, args, native_to_payload)
+            if not got:
+                time.sleep(0.02)
+    finally:
+        readers.clear()
+        discovery = None
+        participant = None
+        release_domain(args.domain)
+
+
+def _print_dds_sample(
+    printer: Printer, topic: str, sample: Any, args: argparse.Namespace, to_payload: Callable[[Any], dict[str, Any]]
+) -> None:
+    from edgerun.sinks.idl import native, ros2
+
+    if isinstance(sample, native.DetectionBatch):
+        if args.node and sample.node != args.node:
+            return
+        payload = to_payload(sample)
+        printer.line(json.dumps(payload, separators=(",", ":")) if args.json else format_detections(payload))
+    elif isinstance(sample, ros2.Detection2DArray):
+        if args.json:
+            printer.line(json.dumps({"topic": topic, **dataclasses.asdict(sample)}, separators=(",", ":")))
+        else:
+            printer.line(format_ros2(topic, sample))
+    # Anything else is a state change of an instance (dispose, no writers), not data.
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("source (one of)")
+    src.add_argument("--mqtt", metavar="HOST:PORT", default=None, help="subscribe at this MQTT broker")
+    src.add_argument("--dds", action="store_true", help="read the native DDS topic (edgerun/detections)")
+    src.add_argument("--ros2", action="store_true", help="with --dds: read vision_msgs/Detection2DArray topics")
+    p.add_argument("--json", action="store_true", help="print each message as one JSON line")
+    p.add_argument("--count", type=int, default=0, help="exit after this many messages (exit 1 if not reached)")
+    p.add_argument("--seconds", type=float, default=0.0, help="exit after this many seconds")
+    p.add_argument("--node", default="", help="only this node's detections")
+    p.add_argument(
+        "--topic", action="append", default=None,
+        help=f"MQTT topic filter, repeatable (default {DEFAULT_MQTT_TOPIC}); with --dds a native topic name",
+    )
+    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="skip larger MQTT payloads")
+    mq = p.add_argument_group("MQTT")
+    mq.add_argument("--qos", type=int, choices=[0, 1], default=0)
+    mq.add_argument("--username", default="")
+    mq.add_argument("--password", default="", help="or EDGERUN_MQTT_PASSWORD")
+    mq.add_argument("--tls", action="store_true", help="TLS with the system CAs")
+    mq.add_argument("--tls-ca", default="")
+    mq.add_argument("--tls-cert", default="")
+    mq.add_argument("--tls-key", default="")
+    mq.add_argument("--tls-insecure", action="store_true", help="skip the host name check")
+    dd = p.add_argument_group("DDS")
+    dd.add_argument("--domain", type=int, default=0)
+    dd.add_argument("--interface", default="lo", help="network interface (default lo: loopback, no multicast)")
+    dd.add_argument("--dds-config", default="", help="Cyclone DDS XML (inline or a path); overrides --interface")
+    dd.add_argument("--namespace", default="", help="with --ros2: read only rt/<namespace>/detections")
+
+
+def add_listen_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``listen`` to the ``edgerun`` command line (``args.func`` is ``run_listen``)."""
+    p = subparsers.add_parser(
+        "listen", help="print the detections nodes publish (MQTT or DDS), one per line",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    _add_arguments(p)
+    p.set_defaults(func=run_listen)
+    return p
+
+
+def run_listen(args: argparse.Namespace) -> int:
+    """Listen until ``--count`` messages, ``--seconds`` or Ctrl-C; 0 on success, 1 if ``--count`` was not met."""
+    if args.ros2:
+        args.dds = True
+    if bool(args.mqtt) == bool(args.dds):
+        raise EdgerunError("listen: give exactly one of --mqtt HOST:PORT or --dds")
+    if args.count < 0 or args.seconds < 0 or args.max_bytes < 1:
+        raise EdgerunError("listen: --count, --seconds and --max-bytes must not be negative")
+    printer = Printer(args.json, args.count)
+    try:
+        if args.mqtt:
+            _listen_mqtt(args, printer)
+        else:
+            _listen_dds(args, printer)
+    except KeyboardInterrupt:
+        pass
+    if printer.bad:
+        print(f"listen: {printer.bad} bad messages skipped", file=sys.stderr, flush=True)
+    return 1 if args.count and printer.printed < args.count else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgerun listen", description=__doc__.split("\n\n")[1] if __doc__ else None)
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_listen(args)
+    except EdgerunError as err:
+        print(f"edgerun: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

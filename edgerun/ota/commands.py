@@ -1,0 +1,344 @@
+"""``edgerun ota keygen | keys | sign | make-delta | publish | verify | status``.
+
+Release workflow (the root key stays offline)::
+
+    edgerun ota keygen -p root.pub -s root.key            # offline machine; or: minisign -G -W
+    edgerun ota keygen -p release.pub -s release.key
+    edgerun ota keys --release-key release.pub --version 1 -o rel/keys.json
+    edgerun ota sign -s root.key -m rel/keys.json         # or minisign -S (see the printed -t)
+    edgerun ota publish --bundle model_v2/ --base model_v1/ -s release.key --to rel/
+    edgerun ota verify rel/ --root-key root.pub
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from edgerun.ota.errors import OtaError
+
+
+def _password(args: argparse.Namespace) -> bytes | None:
+    var = getattr(args, "password_env", None)
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if value is None:
+        raise OtaError(f"--password-env {var}: the variable is not set")
+    return value.encode()
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from edgerun.ota.minisign import SecretKey
+
+    pub, sec = Path(args.pubkey), Path(args.seckey)
+    for path in (pub, sec):
+        if path.exists() and not args.force:
+            raise OtaError(f"{path} exists (use -f to overwrite)")
+    key = SecretKey.generate()
+    password = _password(args)
+    sec.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(sec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.to_text(password))
+    public = key.public_key
+    pub.write_text(public.to_text())
+    print(f"key id {public.id_hex}: public key {pub}, secret key {sec}" + ("" if password else " (not encrypted)"))
+    print(f"verify with: minisign -Vm <file> -P {public.line()}")
+    return 0
+
+
+def _default_trusted_comment(path: Path, data: bytes) -> str:
+    now = int(time.time())
+    if path.name == "manifest.json":
+        from edgerun.ota.manifest import parse_manifest
+
+        return parse_manifest(data, str(path)).trusted_comment(now)
+    if path.name == "keys.json":
+        import msgspec
+
+        from edgerun.ota.trust import KeyList, keys_trusted_comment
+
+        return keys_trusted_comment(msgspec.json.decode(data, type=KeyList).version, now)
+    return f"timestamp:{now}\tfile:{path.name}"
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from edgerun.ota.minisign import SecretKey, parse_signatures
+
+    key = SecretKey.load(args.seckey, _password(args))
+    path = Path(args.message)
+    data = path.read_bytes()
+    comment = args.trusted_comment or _default_trusted_comment(path, data)
+    sig = key.sign(data, comment, prehash=not args.legacy)
+    out = Path(args.sigfile or f"{path}.minisig")
+    text = sig.to_text()
+    if args.append and out.exists():
+        existing = out.read_text()
+        others = [s for s in parse_signatures(existing, str(out)) if s.key_id != key.key_id]
+        text = "".join(s.to_text() for s in others) + text
+    out.write_text(text)
+    print(f"signed {path} with key {key.public_key.id_hex} -> {out}; trusted comment: {comment}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from edgerun.ota.minisign import PublicKey
+    from edgerun.ota.trust import keys_trusted_comment, make_key_list
+
+    keys = [PublicKey.load(p) for p in args.release_key]
+    data = make_key_list(keys, args.version, args.expires_days, args.threshold, tuple(args.revoke))
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    comment = keys_trusted_comment(args.version, int(time.time()))
+    print(f"wrote {out} (version {args.version}, {len(keys)} release key(s)); sign it with each root key:")
+    print(f"  edgerun ota sign -s ROOT.key -m {out} --append")
+    print(f"  or: minisign -S -s ROOT.key -m {out} -t '{comment}'")
+    return 0
+
+
+def cmd_make_delta(args: argparse.Namespace) -> int:
+    from edgerun.ota.delta import make_best, make_delta
+    from edgerun.ota.release import read_payload
+
+    _, old = read_payload(args.old)
+    _, new = read_payload(args.new)
+    if args.algorithm == "auto":
+        choice = make_best(old, new)
+        algorithm, patch, sizes = choice.algorithm, choice.patch, choice.sizes
+    else:
+        patch = make_delta(old, new, args.algorithm)
+        algorithm, sizes = args.algorithm, {args.algorithm: len(patch), "full": len(new)}
+    report = ", ".join(f"{k} {v} B ({v / len(new):.1%})" for k, v in sizes.items())
+    if algorithm == "full" or len(patch) >= len(new):
+        print(f"the full payload is smaller than any delta: {report}; no delta written")
+        return 0
+    Path(args.output).write_bytes(patch)
+    print(f"wrote {args.output}: {algorithm}, {len(patch)} bytes; {report}")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from edgerun.ota.minisign import SecretKey
+    from edgerun.ota.release import ReleaseSpec, build_release
+
+    if not args.seckey and not args.unsigned:
+        raise OtaError("publish: give -s RELEASE.key, or --unsigned to sign manifest.json yourself with minisign")
+    key = SecretKey.load(args.seckey, _password(args)) if args.seckey else None
+    spec = ReleaseSpec(
+        expires_days=args.expires_days,
+        boards=args.board,
+        min_runtime=args.min_runtime,
+        rollout_percent=args.rollout_percent,
+        rollout_salt=args.rollout_salt,
+        full=not args.no_full,
+        algorithm=args.algorithm,
+    )
+    release = build_release(args.bundle, args.to, spec, base_path=args.base, key=key)
+    m = release.manifest
+    print(f"{m.name} v{m.version}: {release.directory}")
+    if m.target.file:
+        print(f"  full payload {m.target.file}: {m.target.size} bytes")
+    if m.delta is not None:
+        print(f"  delta {m.delta.file} ({m.delta.algorithm}) from v{m.delta.base_version}: {m.delta.size} bytes "
+              f"({m.delta.size / m.target.size:.1%} of full)")
+    if release.note:
+        print(f"  {release.note}")
+    if key is None:
+        comment = m.trusted_comment(int(time.time()))
+        print(f"  sign it: minisign -S -s RELEASE.key -m {release.directory / 'manifest.json'} -t '{comment}'")
+    if args.mqtt:
+        from edgerun.ota.transport_mqtt import publish_release
+
+        host, _, port = args.mqtt.rpartition(":")
+        publish_release(Path(args.to), m.name, host or "127.0.0.1", int(port))
+        print(f"  published to mqtt://{args.mqtt} edgerun/fleet/releases/{m.name} (retained)")
+    return 0
+
+
+def verify_release(
+    root: Path, model: str | None, root_keys: list[str], threshold: int, now: float | None = None
+) -> list[str]:
+    """Check a release directory as a node would (signatures, expiry, file hashes); returns report lines."""
+    from edgerun.ota.payload import sha256_file
+    from edgerun.ota.transport_dir import read_offer
+    from edgerun.ota.trust import TrustStore
+    from edgerun.ota.updater import load_root_keys
+
+    now = time.time() if now is None else now
+    trust = TrustStore(load_root_keys(root_keys), threshold)
+    models = [model] if model else sorted(p.name for p in root.iterdir() if (p / "manifest.json").is_file())
+    if not models:
+        raise OtaError(f"{root}: no <model>/manifest.json")
+    lines = []
+    for name in models:
+        offer = read_offer(root, name, str(root))
+        if offer is None:
+            raise OtaError(f"{root / name}: no manifest.json")
+        if offer.keys is None or offer.keys_sig is None:
+            raise OtaError(f"{root}: keys.json and keys.json.minisig are needed")
+        keyring = trust.verify_keys(offer.keys, offer.keys_sig, now, None)
+        manifest = trust.verify_manifest(offer.manifest, offer.manifest_sig, keyring)
+        if manifest.expires_ts <= now:
+            raise OtaError(f"{name}: manifest v{manifest.version} expired at {manifest.expires}")
+        lines.append(f"{name} v{manifest.version}: signatures OK (keys.json v{keyring.version}), expires {manifest.expires}")
+        files = [(manifest.target.file, manifest.target.size, manifest.target.sha256)] if manifest.target.file else []
+        if manifest.delta is not None:
+            files.append((manifest.delta.file, manifest.delta.size, manifest.delta.sha256))
+        for file, size, sha in files:
+            path = root / name / file
+            if not path.is_file():
+                raise OtaError(f"{path}: missing")
+            if path.stat().st_size != size or sha256_file(path) != sha:
+                raise OtaError(f"{path}: does not match the signed size and sha256")
+            lines.append(f"  {file}: {size} bytes, sha256 OK")
+    return lines
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from edgerun.ota.errors import Rejected
+
+    try:
+        lines = verify_release(Path(args.directory), args.model, args.root_key, args.root_threshold)
+    except Rejected as err:
+        raise OtaError(f"rejected ({err.code}): {err}") from None
+    print("\n".join(lines))
+    return 0
+
+
+def status_report(state_dir: Path, check: bool = False) -> dict[str, Any]:
+    import msgspec
+
+    from edgerun.ota.store import ModelStore
+
+    store = ModelStore(state_dir)
+    inst = store.installed()
+    report: dict[str, Any] = {"state_dir": str(state_dir)}
+    report["installed"] = None if inst is None else msgspec.to_builtins(inst)
+    try:
+        report["status"] = json.loads(store.status_path.read_text())
+    except (OSError, ValueError):
+        report["status"] = None
+    report["journal"] = store.journal_records()[-12:]
+    if check:
+        report["problems"] = store.check()
+    return report
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from edgerun.ota.store import default_state_dir
+
+    if args.state_dir:
+        state_dir = Path(args.state_dir)
+    elif args.config:
+        from edgerun.config import load_config
+
+        cfg = load_config(args.config)
+        state_dir = Path(cfg.ota.state_dir) if cfg.ota.state_dir else default_state_dir()
+    else:
+        state_dir = default_state_dir()
+    report = status_report(state_dir, check=args.check)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        inst = report["installed"]
+        if inst is None:
+            print(f"{state_dir}: not provisioned")
+        else:
+            prev = inst.get("previous")
+            print(f"{inst['name']} v{inst['version']} in slot {inst['active']} (anti-rollback counter {inst['counter']})")
+            print(f"previous: {'none' if not prev else 'v%d in slot %s' % (prev['version'], prev['slot'])}; "
+                  f"never retried: {inst['rejected'] or 'none'}")
+        status = report["status"] or {}
+        last = status.get("last")
+        if last:
+            print(f"updater: {status.get('state', '?')}; last step: {json.dumps(last, sort_keys=True)}")
+        for rec in report["journal"][-6:]:
+            extra = {k: v for k, v in rec.items() if k not in ("txn", "step", "t")}
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["t"]))
+            print(f"  {when} txn {rec['txn']} {rec['step']} {json.dumps(extra, sort_keys=True) if extra else ''}")
+        if args.check:
+            for problem in report["problems"]:
+                print(f"problem: {problem}")
+    if args.check and report["problems"]:
+        return 1
+    return 0
+
+
+def add_ota_parser(sub: Any) -> None:
+    ota = sub.add_parser("ota", help="signed over-the-air model updates: keys, releases, status")
+    osub = ota.add_subparsers(dest="ota_command", required=True)
+
+    p = osub.add_parser("keygen", help="make a minisign-compatible Ed25519 key pair")
+    p.add_argument("-p", "--pubkey", required=True)
+    p.add_argument("-s", "--seckey", required=True)
+    p.add_argument("-f", "--force", action="store_true")
+    p.add_argument("--password-env", help="encrypt the secret key with the password in this variable (scrypt)")
+    p.set_defaults(func=cmd_keygen)
+
+    p = osub.add_parser("keys", help="write keys.json: the release keys the root keys vouch for")
+    p.add_argument("--release-key", action="append", required=True, help="release public key file (repeat)")
+    p.add_argument("--version", type=int, required=True, help="must go up with every change")
+    p.add_argument("--threshold", type=int, default=1, help="release signatures a manifest needs")
+    p.add_argument("--revoke", action="append", default=[], metavar="KEY_ID", help="revoked key id (repeat)")
+    p.add_argument("--expires-days", type=float, default=365.0)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_keys)
+
+    p = osub.add_parser("sign", help="sign a file (minisign format; manifest.json/keys.json get their comment)")
+    p.add_argument("-s", "--seckey", required=True)
+    p.add_argument("-m", "--message", required=True)
+    p.add_argument("-x", "--sigfile", default=None)
+    p.add_argument("-t", "--trusted-comment", default=None)
+    p.add_argument("--append", action="store_true", help="add to the signatures already there (k-of-n)")
+    p.add_argument("--legacy", action="store_true", help="sign the file itself, not its BLAKE2b hash")
+    p.add_argument("--password-env", help="the secret key's password is in this variable")
+    p.set_defaults(func=cmd_sign)
+
+    p = osub.add_parser("make-delta", help="bsdiff4 and zstd deltas between two payloads; keeps the smaller")
+    p.add_argument("old", help="base bundle directory or payload tar")
+    p.add_argument("new", help="new bundle directory or payload tar")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--algorithm", choices=["auto", "bsdiff4", "zstd"], default="auto")
+    p.set_defaults(func=cmd_make_delta)
+
+    p = osub.add_parser("publish", help="write a release directory (payload, delta, signed manifest)")
+    p.add_argument("--bundle", required=True, help="the new bundle (directory or tar)")
+    p.add_argument("--to", required=True, help="release directory (USB stick, web root, staging)")
+    p.add_argument("--base", default=None, help="the bundle nodes run now: ship a delta from it")
+    p.add_argument("-s", "--seckey", default=None, help="release secret key")
+    p.add_argument("--unsigned", action="store_true", help="leave manifest.json for minisign -S")
+    p.add_argument("--no-full", action="store_true", help="ship only the delta")
+    p.add_argument("--algorithm", choices=["auto", "bsdiff4", "zstd"], default="auto")
+    p.add_argument("--expires-days", type=float, default=30.0)
+    p.add_argument("--board", action="append", default=[], help="compatible board class (repeat); none: any")
+    p.add_argument("--min-runtime", default="0")
+    p.add_argument("--rollout-percent", type=float, default=100.0)
+    p.add_argument("--rollout-salt", default="")
+    p.add_argument("--mqtt", metavar="HOST:PORT", default=None, help="also publish it, retained, to this broker")
+    p.add_argument("--password-env", help="the secret key's password is in this variable")
+    p.set_defaults(func=cmd_publish)
+
+    p = osub.add_parser("verify", help="check a release directory as a node would")
+    p.add_argument("directory")
+    p.add_argument("--root-key", action="append", required=True, help="root public key file (repeat)")
+    p.add_argument("--root-threshold", type=int, default=1)
+    p.add_argument("--model", default=None)
+    p.set_defaults(func=cmd_verify)
+
+    p = osub.add_parser("status", help="the node's model store: active slot, counter, journal, last update")
+    p.add_argument("--state-dir", default=None)
+    p.add_argument("-c", "--config", default=None, help="node config (for ota.state_dir)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--check", action="store_true", help="exit 1 when the store is inconsistent")
+    p.set_defaults(func=cmd_status)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: edgerun ota ...")

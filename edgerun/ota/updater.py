@@ -1,0 +1,603 @@
+"""The node's updater: a journalled state machine from a signed offer to a committed (or rolled back) model.
+
+    check     keys.json signed by enough roots and not older than the trusted one; the manifest
+              signed by enough release keys, none revoked; same model; version above the
+              anti-rollback counter and never rolled back before; not expired (clock policy);
+              this board and runtime; this node in the rollout cohort
+    fetch     the delta when its base is the active slot's payload (hash checked), else the
+              full payload; every download capped at its signed size and hashed
+    patch     apply the delta to the active payload; the result must hash to the target
+    begin     journal, then write the inactive slot (temp dir, fsync, rename)        -> staged
+    warm up   open the new engine beside the running one; one inference on zeros must give
+              finite outputs of the shapes the decoder expects                          -> warmed
+    swap      journal, then serve the new runtime from the next frame                   -> trial
+    watch     ``health_window_s``: no inference errors, p99 latency within ``latency_factor``
+              of before, and frames from the new model at all
+    commit    journal, installed.json, close the old engine                             -> done
+    rollback  swap back to the old runtime (still open), never retry that version       -> done
+
+Every step is reported on the sinks' ``events`` (kind ``ota``) and in ``status.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import msgspec
+import numpy as np
+
+from edgerun import __version__
+from edgerun.models.bundle import ModelBundle
+from edgerun.ota.delta import apply_delta
+from edgerun.ota.errors import OtaError, Rejected, SignatureError
+from edgerun.ota.manifest import Manifest, format_time, in_rollout, version_tuple
+from edgerun.ota.minisign import PublicKey
+from edgerun.ota.payload import pack_bundle, sha256_bytes, sha256_file
+from edgerun.ota.store import PAYLOAD, ModelStore, atomic_write, default_state_dir
+from edgerun.ota.transport import Offer, RateLimiter, Transport, TransportError
+from edgerun.ota.trust import Keyring, TrustStore
+
+if TYPE_CHECKING:
+    from edgerun.config import Config, OtaConfig
+    from edgerun.node import Node
+    from edgerun.pipeline.runner import ModelRuntime
+    from edgerun.types import DetectionBatch
+
+log = logging.getLogger(__name__)
+
+# A model being served: its runtime, and the engine failover that owns it (None without failover).
+Serving = tuple["ModelRuntime", Any]
+
+TIME_ERROR = 5  # adjtimex(2): the kernel clock is not synchronised
+RETRY_MAX_S = 3600.0
+
+
+def clock_synchronised() -> bool | None:
+    """What the kernel says of NTP/PTP sync (adjtimex, read only); None where it cannot tell."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        timex = ctypes.create_string_buffer(512)  # struct timex is 208 bytes on 64-bit Linux; modes=0 reads
+        state = libc.adjtimex(timex)
+    except (OSError, AttributeError):
+        return None
+    if state < 0:
+        return None
+    return state != TIME_ERROR
+
+
+def load_root_keys(entries: list[str]) -> list[PublicKey]:
+    """Root keys from config: minisign public key files, or their base64 lines."""
+    keys = []
+    for entry in entries:
+        if entry.startswith("RW") and "/" not in entry.strip("=+"):
+            keys.append(PublicKey.parse(entry, "ota.root_keys"))
+        else:
+            keys.append(PublicKey.load(entry))
+    return keys
+
+
+def make_transports(ota: OtaConfig, cfg: Config) -> list[Transport]:
+    transports: list[Transport] = []
+    if ota.watch_dir:
+        from edgerun.ota.transport_dir import DirectoryTransport
+
+        transports.append(DirectoryTransport(ota.watch_dir))
+    if ota.http_url:
+        from edgerun.ota.transport_http import HttpTransport
+
+        transports.append(HttpTransport(ota.http_url))
+    if ota.mqtt:
+        from edgerun.ota.transport_mqtt import MqttTransport
+
+        transports.append(MqttTransport.from_sink_config(cfg.sinks.mqtt, cfg.node_id))
+    return transports
+
+
+def judge_window(
+    before: list[float], after: list[float], errors: int, max_errors: int, latency_factor: float
+) -> str | None:
+    """Why the new model failed its health window, or None if it passed (latencies in seconds)."""
+    if errors > max_errors:
+        return f"{errors} inference error(s) in the health window (allowed {max_errors})"
+    if not after:
+        return "the new model produced no batches in the health window"
+    if before:
+        p_before = float(np.percentile(before, 99))
+        p_after = float(np.percentile(after, 99))
+        if p_after > latency_factor * p_before:
+            return (
+                f"inference p99 {p_after * 1000:.1f} ms is above {latency_factor:g} x "
+                f"the previous model's {p_before * 1000:.1f} ms"
+            )
+    return None
+
+
+class BatchWatch:
+    """Per-model-version inference latency of recent batches (a node observer, on the loop)."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.samples: collections.deque[tuple[float, int, float]] = collections.deque(maxlen=keep)
+
+    def observe(self, batch: DetectionBatch) -> None:
+        stamps = batch.stamps
+        latency = stamps.get("inferred", 0.0) - stamps.get("preprocessed", 0.0)
+        self.samples.append((time.monotonic(), batch.model_version, latency))
+
+    def latencies(self, version: int, since: float = 0.0, last: int = 0) -> list[float]:
+        values = [lat for t, v, lat in self.samples if v == version and t >= since]
+        return values[-last:] if last else values
+
+
+class Updater:
+    """Polls the configured sources and applies releases to the running node."""
+
+    def __init__(self, node: Node, cfg: OtaConfig) -> None:
+        self.node = node
+        self.cfg = cfg
+        self.store = ModelStore(cfg.state_dir or default_state_dir())
+        try:
+            self.trust = TrustStore(load_root_keys(cfg.root_keys), cfg.root_threshold)
+        except (SignatureError, Rejected) as err:
+            raise OtaError(f"ota.root_keys: {err}") from None
+        self.transports = make_transports(cfg, node.cfg)
+        self.limiter = RateLimiter(cfg.max_rate_bps)
+        self.board = cfg.board or platform.machine()
+        self.watch = BatchWatch()
+        node.observers.append(self.watch.observe)
+        self.status: dict[str, Any] = {"state": "idle", "steps": []}
+        self._judged: dict[str, tuple[bool, float, int]] = {}  # offer digest -> (final, retry at, tries)
+        self._pending_events: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgerun-ota")
+        self._txn: int | None = None
+
+    # -- boot (before the pipeline starts) ----------------------------------------
+
+    def boot_bundle(self, fallback: Callable[[], ModelBundle]) -> ModelBundle:
+        """Recover the store, provision it on first start, and return the bundle of the active slot."""
+        store = self.store
+        store.ensure_dirs()
+        actions = store.recover()
+        if store.installed() is None:
+            bundle = fallback()
+            store.provision(bundle, pack_bundle(bundle.root))
+            actions.append(f"provisioned slot a with {bundle.name} v{bundle.version}")
+        try:
+            actions += store.ensure_bootable()
+        except OtaError as err:
+            bundle = fallback()
+            log.error("ota: %s; re-provisioning from %s", err, bundle.root)
+            inst = store.installed()
+            assert inst is not None
+            counter, rejected = inst.counter, inst.rejected
+            inst = store.provision(bundle, pack_bundle(bundle.root))
+            inst.counter, inst.rejected = max(counter, inst.counter), rejected
+            store.write_installed(inst)
+            actions.append(f"{err}; re-provisioned slot a with {bundle.name} v{bundle.version}")
+        inst = store.installed()
+        assert inst is not None
+        for action in actions:
+            log.warning("ota: recovery: %s", action)
+            self._pending_events.append({"step": "recovered", "action": action})
+        self.status.update(installed=self._installed_summary())
+        self._write_status()
+        return store.slot_bundle(inst.active)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        for data in self._pending_events:
+            self._publish(data)
+        self._pending_events.clear()
+        self._task = asyncio.create_task(self._run(), name="edgerun-ota")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("ota: updater failed while stopping")
+        for transport in self.transports:
+            try:
+                await transport.close()
+            except Exception:
+                log.debug("ota: closing %s failed", transport.describe(), exc_info=True)
+        self._executor.shutdown(wait=False)
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            for transport in self.transports:
+                await self.poll_once(transport)
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def poll_once(self, transport: Transport) -> str | None:
+        """Look at one source and apply what it offers; returns the outcome, or None if nothing new."""
+        inst = self.store.installed()
+        if inst is None:
+            return None
+        try:
+            offer = await transport.poll(inst.name)
+        except TransportError as err:
+            self._set_source_problem(transport, str(err))
+            return None
+        self._set_source_problem(transport, "")
+        if offer is None:
+            return None
+        digest = hashlib.sha256(offer.identity()).hexdigest()
+        judged = self._judged.get(digest)
+        if judged is not None and (judged[0] or time.monotonic() < judged[1]):
+            return None
+        try:
+            outcome = await self.apply(transport, offer)
+        except Rejected as err:
+            tries = judged[2] + 1 if judged else 1
+            delay = min(RETRY_MAX_S, self.cfg.poll_interval_s * 2**tries)
+            self._judged[digest] = (err.final, time.monotonic() + delay, tries)
+            self._report("rejected", code=err.code, reason=str(err), final=err.final)
+            log.warning("ota: rejected release from %s: %s", offer.source, err)
+            return f"rejected:{err.code}"
+        except TransportError as err:
+            self._report("fetch_failed", reason=str(err))
+            log.warning("ota: download from %s failed: %s", offer.source, err)
+            return "fetch_failed"
+        self._judged[digest] = (True, 0.0, 1)
+        return outcome
+
+    # -- the state machine ----------------------------------------------------------
+
+    def _clock(self) -> tuple[float, bool]:
+        """(now for expiry checks, whether the clock is trusted)."""
+        mode = self.cfg.clock
+        trusted = mode == "trusted" or (mode == "auto" and bool(clock_synchronised()))
+        return time.time(), trusted
+
+    def _trusted_keyring(self, now: float) -> Keyring | None:
+        raw = self.store.trust / "keys.json"
+        sig = self.store.trust / "keys.json.minisig"
+        if not raw.is_file() or not sig.is_file():
+            return None
+        try:
+            # Expiry is checked when a release is judged; here only that the stored copy still verifies.
+            return self.trust.verify_keys(raw.read_bytes(), sig.read_text(), 0.0, None)
+        except Rejected as err:
+            log.warning("ota: the stored keys.json no longer verifies (%s); ignoring it", err)
+            return None
+
+    def _keyring(self, offer: Offer, now: float) -> Keyring:
+        trusted = self._trusted_keyring(now)
+        if offer.keys is None or offer.keys_sig is None:
+            if trusted is None:
+                raise Rejected("no_keys", f"{offer.source}: no keys.json and none trusted yet")
+            if trusted.doc.expires and now >= _ts(trusted.doc.expires):
+                raise Rejected("expired", f"keys.json: version {trusted.version} expired at {trusted.doc.expires}")
+            return trusted
+        keyring = self.trust.verify_keys(offer.keys, offer.keys_sig, now, trusted)
+        if trusted is None or keyring.version > trusted.version:
+            # Trust metadata, kept as soon as it verifies so a replayed older keys.json is refused.
+            atomic_write(self.store.trust / "keys.json.minisig", offer.keys_sig.encode())
+            atomic_write(self.store.trust / "keys.json", offer.keys)
+            log.info("ota: trusting keys.json version %d", keyring.version)
+        return keyring
+
+    def check(self, offer: Offer) -> Manifest:
+        """Every check that needs no download; Rejected with the first that fails."""
+        inst = self.store.installed()
+        assert inst is not None
+        now, clock_trusted = self._clock()
+        self.status["clock"] = "trusted" if clock_trusted else "untrusted"
+        if not clock_trusted:
+            if self.cfg.untrusted_clock == "refuse":
+                raise Rejected(
+                    "clock_untrusted",
+                    "the system clock is not synchronised, so expiry cannot be checked "
+                    "(ota.untrusted_clock = 'refuse'); waiting",
+                    final=False,
+                )
+            # No trusted clock: time is at least the newest signed time this node has seen.
+            now = max(now, inst.time_floor)
+        keyring = self._keyring(offer, now)
+        manifest = self.trust.verify_manifest(offer.manifest, offer.manifest_sig, keyring)
+        if manifest.name != inst.name:
+            raise Rejected("wrong_model", f"manifest is for {manifest.name!r}, this node runs {inst.name!r}")
+        if manifest.version in inst.rejected:
+            raise Rejected("rejected_before", f"{manifest.name} v{manifest.version} was rolled back before; never retried")
+        if manifest.version <= inst.counter:
+            raise Rejected(
+                "rollback",
+                f"{manifest.name} v{manifest.version} is not above the installed v{inst.version} "
+                f"(anti-rollback counter {inst.counter})",
+            )
+        if manifest.expires_ts <= now:
+            clock = "" if clock_trusted else " (clock not synchronised: checked against the newest signed time seen)"
+            raise Rejected("expired", f"manifest v{manifest.version} expired at {manifest.expires}{clock}")
+        boards = manifest.compatibility.boards
+        if boards and self.board not in boards:
+            raise Rejected("incompatible", f"v{manifest.version} is for boards {', '.join(boards)}; this is {self.board}")
+        if version_tuple(manifest.compatibility.min_runtime) > version_tuple(__version__):
+            raise Rejected(
+                "incompatible", f"v{manifest.version} needs edgerun >= {manifest.compatibility.min_runtime}, this is {__version__}"
+            )
+        if not in_rollout(manifest.rollout, self.node.node_id):
+            raise Rejected(
+                "not_in_rollout", f"node {self.node.node_id} is outside the {manifest.rollout.percent:g}% rollout of v{manifest.version}"
+            )
+        return manifest
+
+    async def apply(self, transport: Transport, offer: Offer) -> str:
+        """Take one offer through every step; returns 'committed' or 'rolled_back', raises Rejected."""
+        self.status.update(state="checking", source=offer.source, steps=[])
+        self._report("check", source=offer.source)
+        manifest = self.check(offer)
+        self.status.update(version=manifest.version, name=manifest.name)
+        self._report("accepted", version=manifest.version, expires=manifest.expires)
+        payload = await self._fetch_payload(transport, manifest)
+        return await self._install(manifest, payload)
+
+    async def _in_executor(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _download(self, transport: Transport, manifest: Manifest, file: str, size: int, sha256: str) -> bytes:
+        dest = self.store.staging / f"{sha256}.part"
+        self._report("fetch", file=file, size=size)
+        t0 = time.monotonic()
+        try:
+            await transport.fetch(manifest.name, file, size, dest, self.limiter)
+        except Rejected:
+            dest.unlink(missing_ok=True)
+            raise
+        got = await self._in_executor(sha256_file, dest)
+        if got != sha256:
+            dest.unlink(missing_ok=True)
+            raise Rejected("hash_mismatch", f"{file}: sha256 {got[:16]}... is not the signed {sha256[:16]}...", final=False)
+        data = dest.read_bytes()
+        dest.unlink(missing_ok=True)
+        self._report("fetched", file=file, size=size, seconds=round(time.monotonic() - t0, 3))
+        return data
+
+    async def _fetch_payload(self, transport: Transport, manifest: Manifest) -> bytes:
+        inst = self.store.installed()
+        assert inst is not None
+        delta, target = manifest.delta, manifest.target
+        if delta is not None:
+            active = self.store.slot_dir(inst.active) / PAYLOAD
+            base = await self._in_executor(_read_if_hash, active, delta.base_sha256)
+            if base is not None:
+                try:
+                    patch = await self._download(transport, manifest, delta.file, delta.size, delta.sha256)
+                    self._report("patch", algorithm=delta.algorithm, base_version=delta.base_version)
+                    new = await self._in_executor(apply_delta, base, patch, delta.algorithm, target.size)
+                    if sha256_bytes(new) != target.sha256:
+                        raise Rejected("hash_mismatch", f"{delta.file}: the patched payload does not hash to the target")
+                    self._report("patched", size=len(new))
+                    return new
+                except Rejected as err:
+                    if not target.file:
+                        raise
+                    self._report("delta_failed", reason=str(err))
+                    log.warning("ota: delta failed (%s); falling back to the full payload", err)
+            elif not target.file:
+                raise Rejected(
+                    "base_mismatch",
+                    f"the delta of v{manifest.version} applies to v{delta.base_version} ({delta.base_sha256[:12]}), "
+                    f"this node has v{inst.version} ({inst.sha256[:12]}), and the release has no full payload",
+                )
+            else:
+                self._report("delta_skipped", reason=f"base v{delta.base_version} is not the active payload")
+        return await self._download(transport, manifest, target.file, target.size, target.sha256)
+
+    async def _install(self, manifest: Manifest, payload: bytes) -> str:
+        store = self.store
+        txn, slot = store.begin(manifest.name, manifest.version, manifest.target.sha256, manifest.created_ts)
+        self._txn = txn
+        self.status["state"] = "installing"
+        self._report("begin", slot=slot, version=manifest.version)
+        begin = store.open_transaction()[0]
+        try:
+            bundle = await self._in_executor(store.write_slot, slot, payload, manifest.target.sha256)
+            if bundle.name != manifest.name or bundle.version != manifest.version:
+                raise Rejected(
+                    "bad_bundle",
+                    f"payload bundle is {bundle.name} v{bundle.version}, the manifest {manifest.name} v{manifest.version}",
+                )
+        except Rejected as err:
+            self._fail(txn, begin, str(err))
+            raise
+        store.journal(txn, "staged")
+        self._report("staged", slot=slot)
+        loop = asyncio.get_running_loop()
+        try:
+            serving = await self._in_executor(self._open_runtime, bundle, loop)
+        except Exception as err:
+            reason = f"warm-up failed: {err}"
+            self._fail(txn, begin, reason)
+            raise Rejected("warmup_failed", reason) from None
+        store.journal(txn, "warmed")
+        self._report("warmed", engine=serving[0].engine.KEY)
+        return await self._trial(txn, begin, manifest, serving)
+
+    def _fail(self, txn: int, begin: dict[str, Any], reason: str) -> None:
+        self.store.journal(txn, "rollback", reason=reason)
+        self.store.finish_rollback(txn, begin, reason)
+        self._txn = None
+        self.status.update(installed=self._installed_summary())
+
+    def _open_runtime(self, bundle: ModelBundle, loop: asyncio.AbstractEventLoop) -> Serving:
+        """Open the new model beside the running one and check one inference (executor thread).
+
+        Where the node runs engine failover, the new model gets its own failover over
+        ``engine.order`` (every candidate opened and warmed up); otherwise one engine.
+        """
+        from edgerun import node as node_module
+
+        node = self.node
+        assert node.pipeline is not None
+        source = node.pipeline.source
+        frame_size = (source.width, source.height)
+        failover: Any = None
+        if node.failover is not None and hasattr(node_module, "open_failover"):
+            failover = node_module.open_failover(
+                node.cfg, bundle, frame_size, health=node.health,
+                on_event=lambda kind, data: loop.call_soon_threadsafe(node._publish_event, kind, data),
+            )
+            runtime = failover.start()
+        else:
+            engine = node_module.open_engine(node.cfg, bundle)
+            try:
+                runtime = node_module.build_runtime(bundle, engine, frame_size, node.cfg.model.score_threshold)
+            except BaseException:
+                engine.close()
+                raise
+        serving: Serving = (runtime, failover)
+        engine = runtime.engine
+        try:
+            tensor = engine.allocate_input()
+            tensor[...] = 0
+            outputs = engine.infer(tensor, engine.allocate_outputs())
+            for spec, out in zip(engine.output_specs, outputs):
+                if tuple(out.shape) != tuple(spec.shape):
+                    raise OtaError(f"output {spec.name} has shape {out.shape}, expected {spec.shape}")
+                if np.issubdtype(out.dtype, np.floating) and not np.isfinite(out).all():
+                    raise OtaError(f"output {spec.name} is not finite on a zero input")
+            runtime.decoder.decode(outputs)  # the decoder accepts what the model gives
+        except Exception:
+            _close_serving(serving)
+            raise
+        return serving
+
+    async def _trial(self, txn: int, begin: dict[str, Any], manifest: Manifest, new: Serving) -> str:
+        node, store, cfg = self.node, self.store, self.cfg
+        old_version = node.model_version
+        before = self.watch.latencies(old_version, since=time.monotonic() - 60.0, last=500)
+        errors_before = node.stats.dropped[("infer", "error")]
+        store.journal(txn, "trial")
+        old: Serving = await node.swap_model(*new)
+        if new[1] is not None:
+            new[1].attach(node.pipeline)
+        t_swap = time.monotonic()
+        self.status["state"] = "trial"
+        self._report("swapped", version=manifest.version, window_s=cfg.health_window_s)
+        reason: str | None = None
+        try:
+            end = t_swap + cfg.health_window_s
+            while time.monotonic() < end:
+                await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
+                errors = node.stats.dropped[("infer", "error")] - errors_before
+                if errors > cfg.max_infer_errors:
+                    break
+            errors = node.stats.dropped[("infer", "error")] - errors_before
+            after = self.watch.latencies(manifest.version, since=t_swap)
+            reason = judge_window(before, after, errors, cfg.max_infer_errors, cfg.latency_factor)
+        except asyncio.CancelledError:
+            # Shutting down mid-window says nothing about the model: leave the store as it was, try again later.
+            store.journal(txn, "aborted", reason="the node stopped during the health window")
+            store.journal(txn, "done")
+            await self._close(old)
+            raise
+        if reason is None:
+            store.journal(txn, "commit")
+            store.finish_commit(txn, begin)
+            self._txn = None
+            await self._close(old)
+            self.status.update(state="idle", installed=self._installed_summary())
+            self._report("committed", version=manifest.version)
+            log.info("ota: committed %s v%d", manifest.name, manifest.version)
+            return "committed"
+        log.warning("ota: v%d failed its health window: %s; rolling back", manifest.version, reason)
+        await node.swap_model(*old)
+        store.journal(txn, "rollback", reason=reason)
+        store.finish_rollback(txn, begin, reason)
+        self._txn = None
+        await self._close(new)
+        self.status.update(state="idle", installed=self._installed_summary())
+        self._report("rolled_back", version=manifest.version, reason=reason)
+        return "rolled_back"
+
+    async def _close(self, serving: Serving) -> None:
+        await self._in_executor(_close_serving, serving)
+
+    # -- reporting ------------------------------------------------------------------
+
+    def _installed_summary(self) -> dict[str, Any]:
+        inst = self.store.installed()
+        if inst is None:
+            return {}
+        return {
+            "name": inst.name,
+            "version": inst.version,
+            "slot": inst.active,
+            "counter": inst.counter,
+            "rejected": inst.rejected,
+            "previous": None if inst.previous is None else msgspec.to_builtins(inst.previous),
+        }
+
+    def _report(self, step: str, **data: Any) -> None:
+        event = {"step": step, **data}
+        if "version" not in event and "version" in self.status:
+            event["version"] = self.status["version"]
+        self.status["steps"] = [*self.status.get("steps", [])[-30:], {"t": format_time(time.time()), **event}]
+        self.status["last"] = event
+        if step in ("rejected", "committed", "rolled_back", "fetch_failed"):
+            self.status["state"] = "idle"
+        self._publish(event)
+        self._write_status()
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        payload = {"model": self.status.get("name", ""), **event}
+        for sink in self.node.sinks:
+            try:
+                sink.publish_event("ota", payload)
+            except Exception:
+                log.exception("ota: sink %s refused an event", getattr(sink, "KEY", sink))
+
+    def _write_status(self) -> None:
+        try:
+            tmp = self.store.status_path.with_name("status.json.tmp")
+            tmp.write_bytes(msgspec.json.encode(self.status))
+            os.replace(tmp, self.store.status_path)  # a report: renamed whole, no fsync needed
+        except OSError as err:
+            log.debug("ota: cannot write %s: %s", self.store.status_path, err)
+
+    def _set_source_problem(self, transport: Transport, reason: str) -> None:
+        sources = self.status.setdefault("sources", {})
+        if sources.get(transport.describe()) != reason:
+            sources[transport.describe()] = reason
+            if reason:
+                log.warning("ota: source %s: %s", transport.describe(), reason)
+
+
+def _close_serving(serving: Serving) -> None:
+    runtime, failover = serving
+    if failover is not None:
+        failover.close()
+    else:
+        runtime.engine.close()
+
+
+def _ts(value: str) -> float:
+    from edgerun.ota.manifest import parse_time
+
+    return parse_time(value, "expires")
+
+
+def _read_if_hash(path: Path, sha256: str) -> bytes | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if sha256_bytes(data) == sha256 else None
