@@ -78,8 +78,12 @@ class Preprocessor:
         lb = self.letterbox
         self._resized = np.full((in_h, in_w, 3), spec.pad_value, np.uint8)
         self._roi = self._resized[lb.pad_y : lb.pad_y + lb.new_h, lb.pad_x : lb.pad_x + lb.new_w]
-        # Bilinear, as MediaPipe's CPU converter does: INTER_AREA is 10x slower for a ~3x downscale.
-        self._interp = cv2.INTER_LINEAR
+        # Shrinking by more than 2x aliases with bilinear sampling (the pose detector then misses
+        # people it finds with area averaging), but INTER_AREA at arbitrary ratios costs ~1 ms a
+        # frame. Bilinear to exactly twice the size, then 2:1 area averaging (a fast integer path),
+        # scores within 0.02 of INTER_AREA at a fifth of its cost.
+        self._halve = lb.scale_x < 0.5 and lb.scale_y < 0.5
+        self._double = np.empty((2 * lb.new_h, 2 * lb.new_w, 3), np.uint8) if self._halve else None
 
         # tensor[c] = frame[src(c)] * gain[c] + offset[c]: one 3x4 matrix folds the BGR->RGB swap,
         # normalisation and quantisation into a single cv2.transform pass.
@@ -111,7 +115,11 @@ class Preprocessor:
     def __call__(self, image: np.ndarray, tensor: np.ndarray) -> None:
         """Fill ``tensor`` (shape of the model input, batch 1) from ``image`` (H, W, 3 uint8 BGR)."""
         lb = self.letterbox
-        cv2.resize(image, (lb.new_w, lb.new_h), dst=self._roi, interpolation=self._interp)
+        if self._double is not None:
+            cv2.resize(image, (2 * lb.new_w, 2 * lb.new_h), dst=self._double, interpolation=cv2.INTER_LINEAR)
+            cv2.resize(self._double, (lb.new_w, lb.new_h), dst=self._roi, interpolation=cv2.INTER_AREA)
+        else:
+            cv2.resize(image, (lb.new_w, lb.new_h), dst=self._roi, interpolation=cv2.INTER_LINEAR)
         out = tensor[0]
         if self._mode == "copy":
             pixels = self._resized

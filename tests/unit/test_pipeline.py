@@ -1,0 +1,153 @@
+"""The pipeline on real parts: the images source over real photos, the real BlazeFace model."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+
+from edgerun.config import SourceConfig
+from edgerun.engines.base import EngineOptions, engine_class
+from edgerun.node import build_runtime
+from edgerun.pipeline.runner import Pipeline, PipelineSettings
+from edgerun.sources import make_source
+
+
+class SlowEngine:
+    """Fault injection: the real engine made slower, standing in for an accelerator slower than the camera."""
+
+    def __init__(self, engine, delay_s: float) -> None:
+        self._engine = engine
+        self.delay_s = delay_s
+        self.KEY = engine.KEY
+        self.input_spec = engine.input_spec
+        self.output_specs = engine.output_specs
+        self.cpu_threads = engine.cpu_threads
+
+    def allocate_input(self):
+        return self._engine.allocate_input()
+
+    def allocate_outputs(self):
+        return self._engine.allocate_outputs()
+
+    def infer(self, tensor, outputs=None):
+        time.sleep(self.delay_s)
+        return self._engine.infer(tensor, outputs)
+
+    def close(self):
+        self._engine.close()
+
+
+@pytest.fixture(scope="module")
+def photo_dir(tmp_path_factory, astronaut_rgb, camera_rgb):
+    folder = tmp_path_factory.mktemp("photos")
+    for i in range(12):
+        photo = astronaut_rgb if i % 2 == 0 else camera_rgb
+        cv2.imwrite(str(folder / f"{i:03d}.png"), cv2.cvtColor(np.ascontiguousarray(photo), cv2.COLOR_RGB2BGR))
+    return folder
+
+
+def run(pipeline: Pipeline, seconds: float | None = None) -> list:
+    got: list = []
+    pipeline.on_batch = got.append
+    pipeline.start()
+    if seconds is None:
+        assert pipeline.end_of_stream.wait(30)
+    else:
+        time.sleep(seconds)
+    pipeline.stop()
+    assert pipeline.join(10)
+    return got
+
+
+def make(bundle, photo_dir, *, loop=False, delay=0.0, fps=0.0, **settings) -> Pipeline:
+    source = make_source(SourceConfig(kind="images", path=str(photo_dir), preload=True, loop=loop, fps=fps))
+    source.open()
+    engine = engine_class("tflite")(bundle.variant_path("tflite"), EngineOptions(num_threads=1))
+    if delay:
+        engine = SlowEngine(engine, delay)
+    runtime = build_runtime(bundle, engine, (source.width, source.height))
+    return Pipeline(
+        node_id="t",
+        source=source,
+        runtime=runtime,
+        on_batch=lambda b: None,
+        settings=PipelineSettings(pace_fps=fps, **settings),
+    )
+
+
+@pytest.mark.parametrize("layout", ["separate", "fused"])
+def test_block_delivers_every_frame_in_order(blazeface_bundle, photo_dir, layout):
+    p = make(blazeface_bundle, photo_dir, policy="block", stage_threads=layout)
+    assert p.fused is (layout == "fused")
+    got = run(p)
+    assert [b.meta.seq for b in got] == list(range(12))
+    assert p.stats.dropped_total == 0
+    faces = [len(b.detections) for b in got]
+    assert faces[0::2] == [1] * 6  # the astronaut's face, every time
+    box = got[0].detections.boxes[0]
+    # In source pixels: the astronaut photo is 512x512 and her face is near the top middle.
+    assert 150 < box[0] < 250 and 40 < box[1] < 120 and 250 < box[2] < 350 and 140 < box[3] < 220
+    assert p.pool.free == len(p.pool.slots)  # every slot went back to the pool
+
+
+def test_fused_and_separate_agree(blazeface_bundle, photo_dir):
+    a = run(make(blazeface_bundle, photo_dir, policy="block", stage_threads="fused"))
+    b = run(make(blazeface_bundle, photo_dir, policy="block", stage_threads="separate"))
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x.detections.boxes, y.detections.boxes, atol=1e-3)
+
+
+@pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])
+def test_slow_model_drops_frames_and_counts_every_one(blazeface_bundle, photo_dir, policy):
+    # The camera (200 fps) outruns the model (~25 fps): frames must be dropped, not queued.
+    p = make(blazeface_bundle, photo_dir, loop=True, delay=0.04, fps=200.0, policy=policy, stage_threads="separate")
+    got = run(p, seconds=1.5)
+    stats = p.stats
+    assert stats.dropped[("capture", policy)] > 0
+    assert stats.captured == len(got) + stats.dropped_total  # nothing vanishes uncounted
+    seqs = [b.meta.seq for b in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    if policy == "drop_oldest":
+        # Freshest frame wins: consecutive published frames skip the ones that were dropped.
+        assert max(np.diff(seqs)) > 1
+
+
+def test_swap_runtime_between_frames(blazeface_bundle, pose_bundle, photo_dir):
+    p = make(blazeface_bundle, photo_dir, loop=True, fps=100.0, policy="block")
+    got: list = []
+    p.on_batch = got.append
+    p.start()
+    time.sleep(0.5)
+    engine = engine_class("tflite")(pose_bundle.variant_path("tflite"), EngineOptions(num_threads=1))
+    new = build_runtime(pose_bundle, engine, (p.source.width, p.source.height))
+    old = p.swap_runtime(new)
+    assert p.retire(old, timeout=5)
+    old.engine.close()
+    time.sleep(0.5)
+    p.stop()
+    assert p.join(10)
+    names = [b.model_name for b in got]
+    switch = names.index("pose_detector")
+    assert set(names[:switch]) == {"blazeface_short"} and set(names[switch:]) == {"pose_detector"}
+    assert p.stats.dropped_total == 0
+    seqs = [b.meta.seq for b in got]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no frame lost across the swap
+    people = [b for b in got[switch:] if b.meta.seq % 12 % 2 == 1]
+    assert people and all(b.labels == ("person",) for b in people)
+    assert all(len(b.detections) >= 1 for b in people)
+
+
+def test_stop_drains_frames_in_flight(blazeface_bundle, photo_dir):
+    p = make(blazeface_bundle, photo_dir, loop=True, delay=0.02, policy="block")
+    got: list = []
+    p.on_batch = got.append
+    p.start()
+    time.sleep(0.5)
+    p.stop()
+    assert p.join(10)
+    assert p.stats.captured == len(got)  # block: every captured frame came out
+    assert all(t.name.startswith("edgerun") is False or not t.is_alive() for t in threading.enumerate())
