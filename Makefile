@@ -14,7 +14,7 @@ all: test
 $(INSTALLED): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint,onnx]'
 	touch $@
 
 venv: $(INSTALLED)
@@ -24,7 +24,7 @@ $(MODELS): $(INSTALLED) edgerun/models/demo.py
 
 models: $(MODELS)
 
-# Debian packages the integration tests run for real (mosquitto); needs root or sudo.
+# Debian packages the integration tests run for real (mosquitto, minisign); needs root or sudo.
 system-deps:
 	bash .ci/install-system-deps
 
@@ -34,7 +34,11 @@ demo: $(MODELS)
 test: $(MODELS) system-deps
 	$(BIN)/python -m pytest -q
 
+# On a CUDA machine. With no network there, bring a wheelhouse and the demo models (tests/gpu/README.md):
+#   make test-gpu WHEELS=/path/to/wheels
+WHEELS ?=
 test-gpu: $(INSTALLED)
+	-$(BIN)/python -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--no-index --find-links $(WHEELS)) -e '.[tensorrt]'
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
 
 bench: $(MODELS)

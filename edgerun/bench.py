@@ -463,3 +463,67 @@ def run_bench_command(args: argparse.Namespace) -> int:
     print(text)
     return 0
 
+
+
+def _node_fps(config: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Run a whole Node in this process for ``seconds``; its summary."""
+    from edgerun.config import parse_config
+    from edgerun.node import Node
+
+    node = Node(parse_config(config))
+    asyncio.run(node.run(seconds=seconds, install_signals=False))
+    return node.summary()
+
+
+def bench_sink_overhead(bundle: ModelBundle, seconds: float, rounds: int = 3) -> dict[str, Any]:
+    """Pipeline fps of a whole node with every sink on (JSONL, MQTT QoS 1, DDS) against no sink.
+
+    Measured twice: at the demo's rate (replay at 15 fps; the sinks must not cost
+    frames) and flat out (an unpaced clip; what the sinks cost in CPU shows as fps).
+    Rounds alternate null/all so load drift on a shared machine hits both alike.
+    """
+    from edgerun.sinks.mosquitto import run_mosquitto
+
+    with tempfile.TemporaryDirectory(prefix="edgerun-bench-sinks-") as tmpdir, run_mosquitto() as broker:
+        tmp = Path(tmpdir)
+        clip = clip_dir(tmp)
+        base = {
+            "node": {"id": "bench", "log_level": "warning"},
+            "model": {"bundle": str(bundle.root)},
+            "service": {"http_enabled": False},
+        }
+        sinks_on = {
+            "jsonl": {"path": os.devnull},
+            "mqtt": {"enabled": True, "port": broker.port, "qos_detections": 1},
+            "dds": {"enabled": True, "domain_id": 17},
+        }
+        sinks_off = {"jsonl": {"enabled": False}}
+        sources = {
+            "demo_rate": {"kind": "replay", "fps": 15.0},
+            "flat_out": {"kind": "images", "path": str(clip), "preload": True, "fps": 0.0},
+        }
+        result: dict[str, Any] = {}
+        for name, source in sources.items():
+            null, full = [], []
+            for _ in range(rounds):
+                null.append(_node_fps({**base, "source": source, "sinks": sinks_off}, seconds / rounds)["fps"])
+                full.append(_node_fps({**base, "source": source, "sinks": sinks_on}, seconds / rounds)["fps"])
+            result[f"{name}_null_fps"] = _median(null)
+            result[f"{name}_all_sinks_fps"] = _median(full)
+            result[f"{name}_fps_ratio"] = round(_median(full) / _median(null), 3) if _median(null) else None
+        return result
+
+
+def run_sinks_bench_command(args: argparse.Namespace) -> int:
+    """``edgerun bench --sinks``: per-sink throughput and delivery latency, and what the sinks cost the pipeline."""
+    from edgerun.bench_sinks import bench_sinks, format_table
+
+    result = {"sinks": asyncio.run(bench_sinks(args.seconds))}
+    result["pipeline"] = bench_sink_overhead(resolve_bundle(args.model), max(6.0, args.seconds * 2))
+    text = json.dumps(result, indent=2)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(text + "\n")
+    print(format_table(result["sinks"]))
+    print(json.dumps(result["pipeline"], indent=2))
+    return 0

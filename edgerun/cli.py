@@ -1,4 +1,4 @@
-"""``edgerun run | demo | bench | doctor | model | listen``.
+"""``edgerun run | demo | bench | doctor | model | listen | ota``.
 
 User-facing failures (``EdgerunError``) print one line and exit non-zero;
 anything else is a bug and keeps its traceback.
@@ -58,6 +58,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level or "warning")
+    if args.sinks:
+        from edgerun.bench import run_sinks_bench_command
+
+        return run_sinks_bench_command(args)
     if args.ota:
         from edgerun.bench_ota import run_ota_bench_command
 
@@ -145,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--table", nargs="*", default=None, metavar="JSON", help="print a table of result files")
     bench.add_argument(
         "--failover", action="store_true", help="measure failover instead: time to fallback detections, frames lost"
+    )
+    bench.add_argument(
+        "--sinks", action="store_true", help="measure the sinks instead: MQTT/DDS throughput, latency, pipeline cost"
     )
     bench.add_argument("--repeats", type=int, default=10, help="--failover: injected faults of each kind")
     bench.add_argument(

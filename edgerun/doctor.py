@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import platform
+from pathlib import Path
 from typing import Any, Callable
 
 from edgerun.engines.base import ENGINE_MODULES
@@ -42,21 +43,31 @@ def probe_edgetpu() -> dict[str, Any]:
     except OSError as err:
         return {"ok": False, "why": f"{EDGETPU_LIBRARY} not loadable ({err}); install libedgetpu1-std"}
     devices = [f"pci:{i}" for i, _ in enumerate(sorted(p for p in os.listdir("/dev") if p.startswith("apex_")))]
-    return {"ok": True, "library": EDGETPU_LIBRARY, "devices": devices or ["usb (enumerated at open)"]}
+    devices += [f"usb:{i}" for i in range(_coral_usb_count())]
+    if not devices:
+        return {"ok": False, "why": f"{EDGETPU_LIBRARY} loads, but no Edge TPU is attached (no /dev/apex_*, no USB)"}
+    return {"ok": True, "library": EDGETPU_LIBRARY, "devices": devices}
+
+
+# Coral USB Accelerator: Global Unichip before its firmware is loaded, Google after.
+CORAL_USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
+
+
+def _coral_usb_count() -> int:
+    count = 0
+    for dev in Path("/sys/bus/usb/devices").glob("*"):
+        try:
+            ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
+        except OSError:
+            continue
+        count += ids in CORAL_USB_IDS
+    return count
 
 
 def probe_tensorrt() -> dict[str, Any]:
-    try:
-        trt = importlib.import_module("tensorrt")
-    except ImportError as err:
-        return {"ok": False, "why": f"tensorrt not importable ({err})"}
-    try:
-        cuda = importlib.import_module("pycuda.driver")
-        cuda.init()
-        devices = [cuda.Device(i).name() for i in range(cuda.Device.count())]
-    except Exception as err:
-        return {"ok": False, "why": f"pycuda/CUDA unavailable ({err})", "version": trt.__version__}
-    return {"ok": bool(devices), "library": "tensorrt", "version": trt.__version__, "devices": devices}
+    from edgerun.engines.tensorrt import device_report
+
+    return device_report()
 
 
 def probe_onnx() -> dict[str, Any]:
@@ -64,7 +75,11 @@ def probe_onnx() -> dict[str, Any]:
         ort = importlib.import_module("onnxruntime")
     except ImportError as err:
         return {"ok": False, "why": f"onnxruntime not importable ({err}); pip install edgerun[onnx]"}
-    return {"ok": True, "library": "onnxruntime", "version": ort.__version__, "devices": ort.get_available_providers()}
+    from edgerun.engines.onnx import choose_providers
+
+    chosen = [p if isinstance(p, str) else p[0] for p in choose_providers(ort.get_available_providers(), "")]
+    # The providers edgerun would use, best first (CPU is always there).
+    return {"ok": True, "library": "onnxruntime", "version": ort.__version__, "devices": chosen}
 
 
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {

@@ -1,8 +1,8 @@
 """``edgerun listen``: watch what nodes publish, over MQTT or DDS, without other tools.
 
 One line per message: a short human summary, or the message as JSON with
-``--json``. Everything received is untrusted: a payload that is too big, not
-UTF-8, not JSON or not shaped like ``edgerun.detections/1`` is counted and
+--json. Everything received is untrusted: a payload that is too big, not
+UTF-8, not JSON or not shaped like edgerun.detections/1 is counted and
 skipped (the first one is described on stderr), never a crash.
 
     edgerun listen --mqtt 127.0.0.1:1883                      # every node's detections
@@ -22,7 +22,6 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from edgerun.errors import EdgerunError
@@ -223,7 +222,7 @@ def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
         client_id=f"edgerun-listen-{random.SystemRandom().randrange(1 << 32):08x}",
         protocol=MQTTProtocolVersion.MQTTv5,
     )
-    client.reconnect_delay_set(0.2, 5)
+    client.reconnect_delay_set(1, 5)
     if args.username:
         client.username_pw_set(args.username, args.password or os.environ.get("EDGERUN_MQTT_PASSWORD") or None)
     if args.tls_ca or args.tls_cert or args.tls:
@@ -281,13 +280,13 @@ def _listen_dds(args: argparse.Namespace, printer: Printer) -> None:
     from cyclonedds.sub import DataReader
     from cyclonedds.topic import Topic
 
-    from edgerun.sinks.dds import native_to_payload, open_domain, release_domain, resolve_config
+    from edgerun.sinks.dds import open_domain, release_domain, resolve_config
     from edgerun.sinks.idl import native, ros2
 
     config = resolve_config(args.dds_config, args.interface, key="--dds-config")
     try:
         open_domain(args.domain, config)
-        participant = DomainParticipant(args.domain)
+        participant: Any = DomainParticipant(args.domain)
     except DDSException as err:
         raise EdgerunError(f"listen: cannot start Cyclone DDS on domain {args.domain} ({err})") from None
     # Best effort reads from best-effort and reliable writers alike; a deep history rides out bursts.
@@ -329,7 +328,7 @@ def _listen_dds(args: argparse.Namespace, printer: Printer) -> None:
                     continue
                 for sample in samples:
                     got = True
-                    _print_dds_sample(printer, name, sample, args, native_to_payload)
+                    _print_dds_sample(printer, name, sample, args)
             if not got:
                 time.sleep(0.02)
     finally:
@@ -339,15 +338,14 @@ def _listen_dds(args: argparse.Namespace, printer: Printer) -> None:
         release_domain(args.domain)
 
 
-def _print_dds_sample(
-    printer: Printer, topic: str, sample: Any, args: argparse.Namespace, to_payload: Callable[[Any], dict[str, Any]]
-) -> None:
+def _print_dds_sample(printer: Printer, topic: str, sample: Any, args: argparse.Namespace) -> None:
+    from edgerun.sinks.dds import native_to_payload
     from edgerun.sinks.idl import native, ros2
 
     if isinstance(sample, native.DetectionBatch):
         if args.node and sample.node != args.node:
             return
-        payload = to_payload(sample)
+        payload = native_to_payload(sample)
         printer.line(json.dumps(payload, separators=(",", ":")) if args.json else format_detections(payload))
     elif isinstance(sample, ros2.Detection2DArray):
         if args.json:

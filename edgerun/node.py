@@ -117,7 +117,8 @@ def open_failover(
     )
     # Breadcrumbs only where an engine other than the CPU last resort can run.
     watched = [key for key in order if key != LAST_RESORT and key not in absent]
-    crumbs = Breadcrumbs(Path(ecfg.state_dir) if ecfg.state_dir else default_state_dir()) if watched else None
+    state_dir = Path(ecfg.state_dir) if ecfg.state_dir else default_state_dir()
+    crumbs = Breadcrumbs.shared(state_dir) if watched else None
     return Failover(
         order, open_runtime, settings, absent=absent, health=health, on_event=on_event, breadcrumbs=crumbs
     )
@@ -314,6 +315,7 @@ class Node:
         self.t_pipeline_start = time.monotonic()
         pipeline.start(source_open=source_open)
         watchdog_task = asyncio.create_task(watchdog.run())
+        sink_watch = asyncio.create_task(self._watch_sinks())
         if self.updater is not None:
             self.updater.start()
         log.info(
@@ -326,6 +328,7 @@ class Node:
         try:
             await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            sink_watch.cancel()
             await self._shutdown(pipeline, http, watchdog_task, install_signals)
             pipeline.end_of_stream.set()  # release the executor waiter
             for waiter in waiters:
@@ -347,6 +350,18 @@ class Node:
             setter: Any = getattr(sink, "set_metrics_provider", None)
             if setter is not None:
                 setter(self.summary)
+
+    async def _watch_sinks(self, period_s: float = 0.5) -> None:
+        """Mirror each sink's link state into health: ``sink.mqtt: connection refused`` while it is down."""
+        while True:
+            for sink in self.sinks:
+                key = f"sink.{sink.KEY}"
+                if sink.stats.connected:
+                    self.health.clear_problem(key)
+                else:
+                    reason = getattr(sink, "status_reason", "") or "cannot deliver"
+                    self.health.set_problem(key, reason)
+            await asyncio.sleep(period_s)
 
     async def _start_http(self) -> Any:
         svc = self.cfg.service

@@ -21,6 +21,10 @@ fsync and rename, only on these rare events), and failover starts on the next
 candidate and re-probes the crashed one after a backoff that grows with the
 count. The count is forgiven once the back end has served cleanly for a while.
 A clean shutdown removes the in-flight files.
+
+One ``Breadcrumbs`` per state directory per process (``Breadcrumbs.shared``):
+an OTA update runs a second failover beside the first for a while, and both
+must count into the same files, which are removed when the last one closes.
 """
 
 from __future__ import annotations
@@ -113,6 +117,10 @@ def read_inflight(path: Path) -> tuple[int, str, int] | None:
     return count, boot.rstrip(b"\0").decode("ascii", "replace"), pid
 
 
+_SHARED: dict[Path, Breadcrumbs] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class Breadcrumbs:
     """The state directory's crash evidence: in-flight counters and persisted crash counts."""
 
@@ -123,14 +131,46 @@ class Breadcrumbs:
         self._lock = threading.Lock()
         self.crashes: dict[str, int] = {}
         self.last_crash: dict[str, float] = {}
+        self._blamed: dict[str, int] | None = None
+        self._users = 0
+
+    @classmethod
+    def shared(cls, state_dir: Path) -> Breadcrumbs:
+        """This process's instance for ``state_dir``."""
+        key = Path(state_dir).resolve()
+        with _SHARED_LOCK:
+            crumbs = _SHARED.get(key)
+            if crumbs is None:
+                crumbs = _SHARED[key] = cls(key)
+            return crumbs
+
+    def retain(self) -> None:
+        """One more user (a failover); ``release`` by each, the last one cleans up."""
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.close()
 
     # -- at start ----------------------------------------------------------------
 
     def recover(self) -> dict[str, int]:
         """Blame back ends a previous process died inside; returns key -> crash count for those.
 
-        Also loads the persisted counts (``crashes``) and removes the old files.
+        Also loads the persisted counts (``crashes``) and removes the old files. Only
+        the first call per instance looks: later ones return the same answer.
         """
+        with self._lock:
+            if self._blamed is not None:
+                return dict(self._blamed)
+            self._blamed = blamed = self._recover()
+            return dict(blamed)
+
+    def _recover(self) -> dict[str, int]:
         self._load_state()
         blamed: dict[str, int] = {}
         if not self.state_dir.is_dir():
@@ -138,6 +178,8 @@ class Breadcrumbs:
         for path in sorted(self.state_dir.glob(INFLIGHT_PREFIX + "*")):
             key = path.name[len(INFLIGHT_PREFIX) :]
             record = read_inflight(path)
+            if record is not None and record[2] == os.getpid():
+                continue  # a live counter of this very process, not a crash
             path.unlink(missing_ok=True)
             if record is None:
                 continue
@@ -170,10 +212,12 @@ class Breadcrumbs:
 
     def forgive(self, key: str) -> None:
         """``key`` served cleanly for long enough: its crash count starts again from zero."""
-        if self.crashes.pop(key, None) is not None:
+        with self._lock:
+            if self.crashes.pop(key, None) is None:
+                return
             self.last_crash.pop(key, None)
             self._save_state()
-            log.info("engine %s served cleanly; its crash count is reset", key)
+        log.info("engine %s served cleanly; its crash count is reset", key)
 
     def close(self) -> None:
         """Clean shutdown: nothing was in flight when the process ended."""

@@ -294,6 +294,7 @@ class Failover:
         self._fallback_since: float | None = None
         self._wake = threading.Event()
         self._closing = False
+        self._closed = False
         self._supervisor: threading.Thread | None = None
 
     # -- reads (any thread) -------------------------------------------------------
@@ -334,7 +335,10 @@ class Failover:
 
         Raises EngineError (naming every failure) when not even the last resort works.
         """
-        blamed = self._crumbs.recover() if self._crumbs is not None else {}
+        blamed: dict[str, int] = {}
+        if self._crumbs is not None:
+            blamed = self._crumbs.recover()
+            self._crumbs.retain()
         now = time.monotonic()
         for cand in self.candidates:
             if cand.state == ABSENT:
@@ -356,6 +360,11 @@ class Failover:
             self._probe(cand, at_start=True)
         ready = [c for c in self.candidates if c.state == READY]
         if not ready:
+            if self._crumbs is not None:
+                self._crumbs.release()
+            last = self.candidates[-1]
+            if last.state == BROKEN:  # the bundle's required CPU model is bad: that is the error to fix
+                raise ModelError(last.reason)
             failures = "; ".join(f"{c.key}: {c.reason}" for c in self.candidates if c.reason)
             raise EngineError(f"no engine could be opened: {failures}")
         with self._lock:
@@ -372,6 +381,7 @@ class Failover:
                     self._premake_buffers(cand.runtime)
             if self.active is not None and self.active.runtime is not pipeline.runtime:
                 self._activate(self.active, reason="start")
+            self._update_health()
             active, preferred = self.active, self.preferred
             if active is not None and active is not preferred:
                 self._emit("start_degraded", frm=preferred.key, to=active.key, reason=preferred.reason)
@@ -397,6 +407,9 @@ class Failover:
 
     def close(self) -> None:
         """Stop re-probing, close every engine that is not hung, and mark a clean shutdown."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop_supervisor()
         with self._lock:
             self._account_switch(None)
@@ -407,7 +420,7 @@ class Failover:
         for lane in lanes:
             self._close_lane(lane, wait=True)
         if self._crumbs is not None:
-            self._crumbs.close()
+            self._crumbs.release()
 
     # -- the frame path (infer thread) ---------------------------------------------
 
@@ -466,6 +479,12 @@ class Failover:
 
     # -- internals ----------------------------------------------------------------------
 
+    @property
+    def _in_charge(self) -> bool:
+        """False once the pipeline is guarded by another failover (an OTA swap): then hands off."""
+        pipeline = self._pipeline
+        return pipeline is None or getattr(pipeline, "infer_guard", self) is self
+
     def _best_ready(self) -> Candidate | None:
         return next((c for c in self.candidates if c.state == READY and c.runtime is not None), None)
 
@@ -473,7 +492,8 @@ class Failover:
         """Under the lock: serve ``target`` from the next frame on."""
         previous = self.active
         assert target.runtime is not None
-        if self._pipeline is not None and self._pipeline.runtime is not target.runtime:
+        in_charge = self._in_charge
+        if in_charge and self._pipeline is not None and self._pipeline.runtime is not target.runtime:
             self._pipeline.swap_runtime(target.runtime)
         self.active = target
         target.served_since = time.monotonic()
@@ -481,7 +501,7 @@ class Failover:
             previous.served_since = 0.0
         self._account_switch(target)
         self._update_health()
-        if reason == "start":
+        if reason == "start" or not in_charge:
             return
         if previous is not None and target.index < previous.index:
             self.switch_backs += 1
@@ -502,7 +522,7 @@ class Failover:
             self._fallback_since = now
 
     def _update_health(self) -> None:
-        if self._health is None:
+        if self._health is None or not self._in_charge:
             return
         preferred, active = self.preferred, self.active
         if active is preferred:
@@ -513,7 +533,7 @@ class Failover:
             return
         reason = f"serving on {active.key}: {preferred.key} {preferred.reason}"
         if preferred.state == FAILED and preferred.next_probe < math.inf:
-            reason += f"; re-probe in {max(0.0, preferred.next_probe - time.monotonic()):.0f} s"
+            reason += f"; re-probe in {max(0.0, preferred.next_probe - time.monotonic()):.1f} s"
         self._health.set_problem("engine", reason)
 
     def _emit(self, event: str, *, frm: str, to: str, reason: str) -> None:
@@ -749,6 +769,7 @@ class FaultInjectingEngine(Engine):
         self.model_path, self.options = inner.model_path, inner.options
         self.input_spec = inner.input_spec
         self.output_specs = inner.output_specs
+        self.cpu_threads = getattr(inner, "cpu_threads", 0)
 
     def allocate_input(self) -> np.ndarray:
         return self.inner.allocate_input()

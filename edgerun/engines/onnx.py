@@ -11,6 +11,7 @@ state allocates nothing.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,8 @@ class OnnxEngine(Engine):
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelError(f"{self.model_path}: not a loadable ONNX model ({first})") from None
         self.providers: list[str] = list(self._session.get_providers())
+        on_cpu = self.providers[:1] == ["CPUExecutionProvider"]
+        self.cpu_threads = (options.num_threads or (os.cpu_count() or 1)) if on_cpu else 0
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
             raise ModelError(f"{self.model_path}: expected 1 input tensor, found {len(inputs)}")

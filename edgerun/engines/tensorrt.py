@@ -114,6 +114,7 @@ class TensorRTEngine(Engine):
         self._trt, self._cuda = trt, cuda
         self._ctx = CudaContext(cuda, cuda_device_index(options.device))
         self.zero_copy = self._ctx.integrated
+        self.cpu_threads = 0  # the GPU computes
         # host data pointer -> device pointer (mapped) or 0 (pinned only), for buffers we allocated
         self._pinned: dict[int, int] = {}
         self._keep: list[np.ndarray] = []

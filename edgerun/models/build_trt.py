@@ -7,6 +7,10 @@ is written next to the model as ``model.engine`` and registered as the
 bundle's ``tensorrt`` variant. A bundle without an ``.onnx`` variant gets one
 first, converted from its TFLite model (``tflite2onnx``, pure Python).
 
+Written for the TensorRT 10 API (JetPack 6). TensorRT 11 runs the same
+engines but builds strongly typed networks only: there FP16 must come from
+the ONNX model itself and calibrated INT8 is gone (both are reported).
+
 Precision: FP16 unless ``--no-fp16``; INT8 when calibration data is given:
 a ``.npy`` array of preprocessed input tensors (N x the input shape, or N
 tensors with a leading batch of 1), or a directory of images, preprocessed
@@ -152,10 +156,19 @@ def build_engine(
             _fixed_batch_profile(trt, builder, network, config)
             precision = ["fp32"]
             if fp16:
-                config.set_flag(trt.BuilderFlag.FP16)
-                precision.append("fp16")
+                flag = getattr(trt.BuilderFlag, "FP16", None)
+                if flag is None:  # TensorRT 11: strongly typed only, precision comes from the ONNX model
+                    log.warning("TensorRT %s has no FP16 flag: the engine keeps the ONNX types", trt.__version__)
+                else:
+                    config.set_flag(flag)
+                    precision.append("fp16")
             calibrator = None
             if calibration is not None:
+                if not hasattr(trt.BuilderFlag, "INT8") or not hasattr(trt, "IInt8EntropyCalibrator2"):
+                    raise EngineError(
+                        f"TensorRT {trt.__version__} has no calibrated INT8: quantise the ONNX model with Q/DQ "
+                        "nodes instead (NVIDIA ModelOpt), or build with TensorRT 10"
+                    )
                 config.set_flag(trt.BuilderFlag.INT8)
                 calibrator = _entropy_calibrator(trt, cuda, calibration, engine_path.with_suffix(".calib"))
                 config.int8_calibrator = calibrator

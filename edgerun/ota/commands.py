@@ -187,7 +187,9 @@ def verify_release(
         manifest = trust.verify_manifest(offer.manifest, offer.manifest_sig, keyring)
         if manifest.expires_ts <= now:
             raise OtaError(f"{name}: manifest v{manifest.version} expired at {manifest.expires}")
-        lines.append(f"{name} v{manifest.version}: signatures OK (keys.json v{keyring.version}), expires {manifest.expires}")
+        lines.append(
+            f"{name} v{manifest.version}: signatures OK (keys.json v{keyring.version}), expires {manifest.expires}"
+        )
         files = [(manifest.target.file, manifest.target.size, manifest.target.sha256)] if manifest.target.file else []
         if manifest.delta is not None:
             files.append((manifest.delta.file, manifest.delta.size, manifest.delta.sha256))
@@ -252,9 +254,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{state_dir}: not provisioned")
         else:
             prev = inst.get("previous")
-            print(f"{inst['name']} v{inst['version']} in slot {inst['active']} (anti-rollback counter {inst['counter']})")
-            print(f"previous: {'none' if not prev else 'v%d in slot %s' % (prev['version'], prev['slot'])}; "
-                  f"never retried: {inst['rejected'] or 'none'}")
+            counter = inst["counter"]
+            print(f"{inst['name']} v{inst['version']} in slot {inst['active']} (anti-rollback counter {counter})")
+            previous = "none" if not prev else f"v{prev['version']} in slot {prev['slot']}"
+            print(f"previous: {previous}; never retried: {inst['rejected'] or 'none'}")
         status = report["status"] or {}
         last = status.get("last")
         if last:

@@ -25,7 +25,7 @@ import binascii
 import hashlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nacl.exceptions
@@ -75,7 +75,7 @@ def key_id_hex(key_id: bytes) -> str:
 class PublicKey:
     key_id: bytes
     key: bytes
-    comment: str = ""
+    comment: str = field(default="", compare=False)
 
     @property
     def id_hex(self) -> str:

@@ -146,7 +146,11 @@ class ModelStore:
         """Append one step and fsync it; the fault-injection hook may kill the process right after."""
         record = {"txn": txn, "step": step, "t": round(time.time(), 3), **data}
         line = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
-        with open(self.journal_path, "ab") as f:
+        with open(self.journal_path, "a+b") as f:
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = "\n" + line  # end a line torn by a power cut, so this record parses
             f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
@@ -272,23 +276,37 @@ class ModelStore:
             actions.append(f"abandoned the install of v{begin['version']} (interrupted after {steps[-1]})")
         return actions
 
-    def begin(self, name: str, version: int, sha256: str, created_ts: float) -> tuple[int, str]:
-        """Start an update into the inactive slot; returns (transaction id, slot)."""
+    def begin(self, name: str, version: int, sha256: str, created_ts: float) -> tuple[int, str, dict[str, Any]]:
+        """Start an update into the inactive slot; returns (transaction id, slot, the begin record)."""
         inst = self.installed()
         if inst is None:
             raise OtaError("the model store is not provisioned")
         self.compact_journal()
         txn = self.next_txn()
         slot = inst.inactive
-        self.journal(
-            txn, "begin", name=name, version=version, sha256=sha256, slot=slot, created=created_ts,
+        record = dict(
+            name=name, version=version, sha256=sha256, slot=slot, created=created_ts,
             from_version=inst.version, from_slot=inst.active, from_sha256=inst.sha256,
         )
+        self.journal(txn, "begin", **record)
         if inst.previous is not None and inst.previous.slot == slot:
             # The slot we are about to overwrite can no longer be rolled back to.
             inst.previous = None
             self.write_installed(inst)
-        return txn, slot
+        return txn, slot, {"txn": txn, "step": "begin", **record}
+
+    def commit(self, txn: int, begin: dict[str, Any]) -> Installed:
+        self.journal(txn, "commit")
+        return self.finish_commit(txn, begin)
+
+    def rollback(self, txn: int, begin: dict[str, Any], reason: str) -> Installed:
+        self.journal(txn, "rollback", reason=reason)
+        return self.finish_rollback(txn, begin, reason)
+
+    def abort(self, txn: int, reason: str) -> None:
+        """The update stopped before its model served: nothing to undo, the running model stays."""
+        self.journal(txn, "aborted", reason=reason)
+        self.journal(txn, "done")
 
     def finish_commit(self, txn: int, begin: dict[str, Any]) -> Installed:
         inst = self.installed()

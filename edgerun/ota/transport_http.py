@@ -88,10 +88,14 @@ class HttpTransport(Transport):
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
                     last_error = str(err) or type(err).__name__
                     log.info("ota: %s interrupted at %d/%d bytes (%s); resuming", url, writer.have, size, last_error)
+        except Rejected:
+            writer.close()
+            dest.unlink(missing_ok=True)
+            raise
         finally:
             writer.close()
         if not writer.complete and last_error:
-            raise TransportError(f"{url}: stopped at {writer.have} of {size} bytes after {ATTEMPTS} tries ({last_error})")
+            raise TransportError(f"{url}: stopped at {writer.have} of {size} bytes, {ATTEMPTS} tries: {last_error}")
         writer.finish()
 
     async def _fetch_once(self, url: str, writer: CappedWriter, limiter: RateLimiter) -> None:

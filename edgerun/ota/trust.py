@@ -160,7 +160,8 @@ class TrustStore:
             if said != str(doc.version):
                 raise Rejected(
                     "bad_signature",
-                    f"keys.json: trusted comment of key {sig.key_id_hex} says keys-version {said}, the file {doc.version}",
+                    f"keys.json: trusted comment of key {sig.key_id_hex} says keys-version {said}, "
+                    f"the file {doc.version}",
                 )
         if trusted is not None and doc.version < trusted.version:
             raise Rejected(

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -37,7 +38,8 @@ import msgspec
 import numpy as np
 
 from edgerun import __version__
-from edgerun.models.bundle import ModelBundle
+from edgerun.errors import ModelError
+from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.ota.delta import apply_delta
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
 from edgerun.ota.manifest import Manifest, format_time, in_rollout, version_tuple
@@ -79,10 +81,10 @@ def load_root_keys(entries: list[str]) -> list[PublicKey]:
     """Root keys from config: minisign public key files, or their base64 lines."""
     keys = []
     for entry in entries:
-        if entry.startswith("RW") and "/" not in entry.strip("=+"):
-            keys.append(PublicKey.parse(entry, "ota.root_keys"))
-        else:
+        if Path(entry).is_file() or not entry.startswith("RW"):
             keys.append(PublicKey.load(entry))
+        else:
+            keys.append(PublicKey.parse(entry, "ota.root_keys"))
     return keys
 
 
@@ -160,6 +162,8 @@ class Updater:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgerun-ota")
+        # Journal writes get their own thread: a cancelled install must not queue them behind a slot write.
+        self._io_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgerun-ota-io")
         self._txn: int | None = None
 
     # -- boot (before the pipeline starts) ----------------------------------------
@@ -167,7 +171,14 @@ class Updater:
     def boot_bundle(self, fallback: Callable[[], ModelBundle]) -> ModelBundle:
         """Recover the store, provision it on first start, and return the bundle of the active slot."""
         store = self.store
-        store.ensure_dirs()
+        try:
+            store.ensure_dirs()
+            return self._boot(fallback)
+        except OSError as err:
+            raise OtaError(f"ota.state_dir: {store.root}: {err.strerror or err}") from None
+
+    def _boot(self, fallback: Callable[[], ModelBundle]) -> ModelBundle:
+        store = self.store
         actions = store.recover()
         if store.installed() is None:
             bundle = fallback()
@@ -219,11 +230,16 @@ class Updater:
             except Exception:
                 log.debug("ota: closing %s failed", transport.describe(), exc_info=True)
         self._executor.shutdown(wait=False)
+        self._io_executor.shutdown(wait=True)
 
     async def _run(self) -> None:
         while not self._stopping:
             for transport in self.transports:
-                await self.poll_once(transport)
+                try:
+                    await self.poll_once(transport)
+                except Exception:
+                    # A bug here must not take the node down with it: it keeps serving the model it has.
+                    log.exception("ota: polling %s failed", transport.describe())
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def poll_once(self, transport: Transport) -> str | None:
@@ -252,10 +268,11 @@ class Updater:
             self._report("rejected", code=err.code, reason=str(err), final=err.final)
             log.warning("ota: rejected release from %s: %s", offer.source, err)
             return f"rejected:{err.code}"
-        except TransportError as err:
-            self._report("fetch_failed", reason=str(err))
-            log.warning("ota: download from %s failed: %s", offer.source, err)
-            return "fetch_failed"
+        except (TransportError, OtaError, OSError) as err:
+            # Not the release's fault (a dropped link, a full disk): try again on a later poll.
+            self._report("failed", reason=str(err))
+            log.warning("ota: update from %s failed: %s", offer.source, err)
+            return "failed"
         self._judged[digest] = (True, 0.0, 1)
         return outcome
 
@@ -316,7 +333,9 @@ class Updater:
         if manifest.name != inst.name:
             raise Rejected("wrong_model", f"manifest is for {manifest.name!r}, this node runs {inst.name!r}")
         if manifest.version in inst.rejected:
-            raise Rejected("rejected_before", f"{manifest.name} v{manifest.version} was rolled back before; never retried")
+            raise Rejected(
+                "rejected_before", f"{manifest.name} v{manifest.version} was rolled back before; never retried"
+            )
         if manifest.version <= inst.counter:
             raise Rejected(
                 "rollback",
@@ -328,14 +347,18 @@ class Updater:
             raise Rejected("expired", f"manifest v{manifest.version} expired at {manifest.expires}{clock}")
         boards = manifest.compatibility.boards
         if boards and self.board not in boards:
-            raise Rejected("incompatible", f"v{manifest.version} is for boards {', '.join(boards)}; this is {self.board}")
+            raise Rejected(
+                "incompatible", f"v{manifest.version} is for boards {', '.join(boards)}; this is {self.board}"
+            )
         if version_tuple(manifest.compatibility.min_runtime) > version_tuple(__version__):
             raise Rejected(
-                "incompatible", f"v{manifest.version} needs edgerun >= {manifest.compatibility.min_runtime}, this is {__version__}"
+                "incompatible",
+                f"v{manifest.version} needs edgerun >= {manifest.compatibility.min_runtime}, this is {__version__}",
             )
         if not in_rollout(manifest.rollout, self.node.node_id):
             raise Rejected(
-                "not_in_rollout", f"node {self.node.node_id} is outside the {manifest.rollout.percent:g}% rollout of v{manifest.version}"
+                "not_in_rollout",
+                f"node {self.node.node_id} is outside the {manifest.rollout.percent:g}% rollout of v{manifest.version}",
             )
         return manifest
 
@@ -343,14 +366,48 @@ class Updater:
         """Take one offer through every step; returns 'committed' or 'rolled_back', raises Rejected."""
         self.status.update(state="checking", source=offer.source, steps=[])
         self._report("check", source=offer.source)
-        manifest = self.check(offer)
+        # Off the loop: signature checks are quick, but persisting a newer keys.json fsyncs.
+        manifest = await self._in_executor(self.check, offer)
         self.status.update(version=manifest.version, name=manifest.name)
         self._report("accepted", version=manifest.version, expires=manifest.expires)
         payload = await self._fetch_payload(transport, manifest)
+        await self._in_executor(self._validate_payload, manifest, payload)
+        self._report("verified", sha256=manifest.target.sha256)
         return await self._install(manifest, payload)
+
+    def _validate_payload(self, manifest: Manifest, payload: bytes) -> None:
+        """Unpack the payload in staging (safe paths, no links, a valid bundle of this name and version)."""
+        check = self.store.staging / f"check-{manifest.target.sha256[:16]}"
+        shutil.rmtree(check, ignore_errors=True)
+        check.mkdir(parents=True)
+        try:
+            (check / PAYLOAD).write_bytes(payload)
+            try:
+                bundle = load_bundle(check / PAYLOAD, extract_dir=check)
+            except ModelError as err:
+                raise Rejected("bad_bundle", str(err).replace(str(check / PAYLOAD), "payload")) from None
+            if bundle.name != manifest.name or bundle.version != manifest.version:
+                raise Rejected(
+                    "bad_bundle",
+                    f"payload is {bundle.name} v{bundle.version}, the manifest {manifest.name} v{manifest.version}",
+                )
+        finally:
+            shutil.rmtree(check, ignore_errors=True)
 
     async def _in_executor(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A journal or state write: fsync can stall for a while, so never on the loop that publishes batches.
+
+        Once started it completes even if the updater is being stopped: a cancel is raised after it is on disk.
+        """
+        future = asyncio.get_running_loop().run_in_executor(self._io_executor, fn, *args)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future])
+            raise
 
     async def _download(self, transport: Transport, manifest: Manifest, file: str, size: int, sha256: str) -> bytes:
         dest = self.store.staging / f"{sha256}.part"
@@ -364,8 +421,10 @@ class Updater:
         got = await self._in_executor(sha256_file, dest)
         if got != sha256:
             dest.unlink(missing_ok=True)
-            raise Rejected("hash_mismatch", f"{file}: sha256 {got[:16]}... is not the signed {sha256[:16]}...", final=False)
-        data = dest.read_bytes()
+            raise Rejected(
+                "hash_mismatch", f"{file}: sha256 {got[:16]}... is not the signed {sha256[:16]}...", final=False
+            )
+        data = await self._in_executor(dest.read_bytes)
         dest.unlink(missing_ok=True)
         self._report("fetched", file=file, size=size, seconds=round(time.monotonic() - t0, 3))
         return data
@@ -383,7 +442,7 @@ class Updater:
                     self._report("patch", algorithm=delta.algorithm, base_version=delta.base_version)
                     new = await self._in_executor(apply_delta, base, patch, delta.algorithm, target.size)
                     if sha256_bytes(new) != target.sha256:
-                        raise Rejected("hash_mismatch", f"{delta.file}: the patched payload does not hash to the target")
+                        raise Rejected("hash_mismatch", f"{delta.file}: the patched payload is not the target")
                     self._report("patched", size=len(new))
                     return new
                 except Rejected as err:
@@ -403,37 +462,43 @@ class Updater:
 
     async def _install(self, manifest: Manifest, payload: bytes) -> str:
         store = self.store
-        txn, slot = store.begin(manifest.name, manifest.version, manifest.target.sha256, manifest.created_ts)
+        try:
+            txn, slot, begin = await self._io(
+                store.begin, manifest.name, manifest.version, manifest.target.sha256, manifest.created_ts
+            )
+        except asyncio.CancelledError:
+            records = store.open_transaction()
+            if records:  # begun just as the node stopped: close it, the running model is untouched
+                store.abort(records[0]["txn"], "the node stopped during the install")
+            raise
         self._txn = txn
         self.status["state"] = "installing"
         self._report("begin", slot=slot, version=manifest.version)
-        begin = store.open_transaction()[0]
         try:
-            bundle = await self._in_executor(store.write_slot, slot, payload, manifest.target.sha256)
-            if bundle.name != manifest.name or bundle.version != manifest.version:
-                raise Rejected(
-                    "bad_bundle",
-                    f"payload bundle is {bundle.name} v{bundle.version}, the manifest {manifest.name} v{manifest.version}",
-                )
-        except Rejected as err:
-            self._fail(txn, begin, str(err))
+            try:
+                bundle = await self._in_executor(store.write_slot, slot, payload, manifest.target.sha256)
+            except Rejected as err:
+                await self._fail(txn, begin, str(err))
+                raise
+            await self._io(store.journal, txn, "staged")
+            self._report("staged", slot=slot)
+            loop = asyncio.get_running_loop()
+            try:
+                serving = await self._in_executor(self._open_runtime, bundle, loop)
+            except Exception as err:
+                reason = f"warm-up failed: {err}"
+                await self._fail(txn, begin, reason)
+                raise Rejected("warmup_failed", reason) from None
+        except asyncio.CancelledError:
+            # Stopped before the swap: the running model is untouched; the release is tried again next start.
+            await self._io(store.abort, txn, "the node stopped during the install")
             raise
-        store.journal(txn, "staged")
-        self._report("staged", slot=slot)
-        loop = asyncio.get_running_loop()
-        try:
-            serving = await self._in_executor(self._open_runtime, bundle, loop)
-        except Exception as err:
-            reason = f"warm-up failed: {err}"
-            self._fail(txn, begin, reason)
-            raise Rejected("warmup_failed", reason) from None
-        store.journal(txn, "warmed")
+        await self._io(store.journal, txn, "warmed")
         self._report("warmed", engine=serving[0].engine.KEY)
         return await self._trial(txn, begin, manifest, serving)
 
-    def _fail(self, txn: int, begin: dict[str, Any], reason: str) -> None:
-        self.store.journal(txn, "rollback", reason=reason)
-        self.store.finish_rollback(txn, begin, reason)
+    async def _fail(self, txn: int, begin: dict[str, Any], reason: str) -> None:
+        await self._io(self.store.rollback, txn, begin, reason)
         self._txn = None
         self.status.update(installed=self._installed_summary())
 
@@ -485,7 +550,7 @@ class Updater:
         old_version = node.model_version
         before = self.watch.latencies(old_version, since=time.monotonic() - 60.0, last=500)
         errors_before = node.stats.dropped[("infer", "error")]
-        store.journal(txn, "trial")
+        await self._io(store.journal, txn, "trial")
         old: Serving = await node.swap_model(*new)
         if new[1] is not None:
             new[1].attach(node.pipeline)
@@ -505,13 +570,11 @@ class Updater:
             reason = judge_window(before, after, errors, cfg.max_infer_errors, cfg.latency_factor)
         except asyncio.CancelledError:
             # Shutting down mid-window says nothing about the model: leave the store as it was, try again later.
-            store.journal(txn, "aborted", reason="the node stopped during the health window")
-            store.journal(txn, "done")
+            await self._io(store.abort, txn, "the node stopped during the health window")
             await self._close(old)
             raise
         if reason is None:
-            store.journal(txn, "commit")
-            store.finish_commit(txn, begin)
+            await self._io(store.commit, txn, begin)
             self._txn = None
             await self._close(old)
             self.status.update(state="idle", installed=self._installed_summary())
@@ -520,8 +583,7 @@ class Updater:
             return "committed"
         log.warning("ota: v%d failed its health window: %s; rolling back", manifest.version, reason)
         await node.swap_model(*old)
-        store.journal(txn, "rollback", reason=reason)
-        store.finish_rollback(txn, begin, reason)
+        await self._io(store.rollback, txn, begin, reason)
         self._txn = None
         await self._close(new)
         self.status.update(state="idle", installed=self._installed_summary())
@@ -552,7 +614,7 @@ class Updater:
             event["version"] = self.status["version"]
         self.status["steps"] = [*self.status.get("steps", [])[-30:], {"t": format_time(time.time()), **event}]
         self.status["last"] = event
-        if step in ("rejected", "committed", "rolled_back", "fetch_failed"):
+        if step in ("rejected", "committed", "rolled_back", "failed"):
             self.status["state"] = "idle"
         self._publish(event)
         self._write_status()

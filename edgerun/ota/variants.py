@@ -102,4 +102,4 @@ def derive_bundle(base: ModelBundle, out_dir: Path, version: int, model: bytes) 
 
 def is_head(name: str) -> bool:
     """The output heads of MediaPipe's SSD detectors (BlazeFace, pose detector)."""
-    return name.startswith(("classificator", "regressor"))
+    return any(part in name for part in ("classificator", "classifier", "regressor"))

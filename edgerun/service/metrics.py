@@ -16,6 +16,9 @@ from edgerun.pipeline.stats import LATENCY_BUCKETS, LatencyHistogram
 if TYPE_CHECKING:
     from edgerun.node import Node
 
+# Sink counters that have metrics of their own above, or are gauges.
+SINK_COUNTERS_ELSEWHERE = {"connected", "sent", "dropped", "errors", "queued", "inflight"}
+
 STATES = ("starting", "running", "degraded", "stopping")
 
 
@@ -86,11 +89,22 @@ class NodeCollector:
         )
         errors = CounterMetricFamily("edgerun_sink_errors", "Sink delivery errors.", labels=["sink"])
         up = GaugeMetricFamily("edgerun_sink_connected", "1 while the sink can deliver.", labels=["sink"])
+        queued = GaugeMetricFamily("edgerun_sink_queued", "Batches waiting in each sink's outbox.", labels=["sink"])
+        extra = CounterMetricFamily(
+            "edgerun_sink_events", "Other per-sink counters (expired, reconnects, ...).", labels=["sink", "counter"]
+        )
         for sink in node.sinks:
             sent.add_metric([sink.KEY], sink.stats.sent)
             sdrop.add_metric([sink.KEY], sink.stats.dropped)
             errors.add_metric([sink.KEY], sink.stats.errors)
             up.add_metric([sink.KEY], 1.0 if sink.stats.connected else 0.0)
+            counters = sink.counters() if hasattr(sink, "counters") else {}
+            if "queued" in counters:
+                queued.add_metric([sink.KEY], counters["queued"])
+            for name, value in sorted(counters.items()):
+                if name not in SINK_COUNTERS_ELSEWHERE and not isinstance(value, bool):
+                    extra.add_metric([sink.KEY, name], value)
+        yield from (queued, extra)
         yield from (sent, sdrop, errors, up)
         yield gauge("edgerun_pool_free_slots", "Frame slots not holding a frame.", node.pool_free())
         failover = getattr(node, "failover", None)

@@ -6,6 +6,9 @@ outbox a few at a time; a reliable writer blocks at most ``max_blocking_ms``
 on a slow reader and a write that times out is counted as dropped, so a
 reader that stalls never stalls the node.
 
+DDS carries detections only; events, status and metrics go over MQTT and
+HTTP (``publish_event`` is the base class's no-op).
+
 Cyclone is never left to its defaults (every interface, multicast): the
 domain is created with an explicit config, by default confined to the
 loopback interface with multicast off and 127.0.0.1 as the only peer.
@@ -299,12 +302,12 @@ class DdsSink(Sink):
         self._participant = participant = DomainParticipant(cfg.domain_id)
         if cfg.native:
             qos = writer_qos(cfg.reliable, cfg.depth, cfg.max_blocking_ms)
-            topic = Topic(participant, cfg.topic, native.DetectionBatch, qos=qos)
-            self._native_writer = DataWriter(participant, topic, qos=qos)
+            native_topic = Topic(participant, cfg.topic, native.DetectionBatch, qos=qos)
+            self._native_writer = DataWriter(participant, native_topic, qos=qos)
         if cfg.ros2:
-            qos = writer_qos(cfg.reliable, cfg.depth, cfg.max_blocking_ms, xcdr1=True)
-            topic = Topic(participant, self.ros2_topic, ros2.Detection2DArray, qos=qos)
-            self._ros2_writer = DataWriter(participant, topic, qos=qos)
+            ros_qos = writer_qos(cfg.reliable, cfg.depth, cfg.max_blocking_ms, xcdr1=True)
+            ros_topic = Topic(participant, self.ros2_topic, ros2.Detection2DArray, qos=ros_qos)
+            self._ros2_writer = DataWriter(participant, ros_topic, qos=ros_qos)
 
     async def _retry_open(self) -> None:
         delay = 1.0
@@ -358,6 +361,9 @@ class DdsSink(Sink):
         self.stats.sent += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("dds: wrote batch seq %d", batch.meta.seq)
+
+    def set_metrics_provider(self, provider: Any) -> None:
+        """Accepted for the same API as the MQTT sink; DDS carries detections only (metrics go to MQTT/HTTP)."""
 
     def counters(self) -> dict[str, Any]:
         s = self.stats

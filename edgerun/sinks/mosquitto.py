@@ -45,8 +45,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _give_to_broker_user(workdir: Path) -> None:
-    """Started as root, mosquitto drops to its own user: let that user write the persistence file."""
+def _give_to_broker_user(paths: list[Path]) -> None:
+    """Started as root, mosquitto drops to its own user: let that user read its files and write persistence."""
     if os.geteuid() != 0:
         return
     try:
@@ -55,7 +55,8 @@ def _give_to_broker_user(workdir: Path) -> None:
         entry = pwd.getpwnam("mosquitto")
     except (ImportError, KeyError):
         return
-    os.chown(workdir, entry.pw_uid, entry.pw_gid)
+    for path in paths:
+        os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
 @dataclass
@@ -103,7 +104,9 @@ class Mosquitto:
             lines.append(f"persistence_location {self.workdir}/")
             lines.append("autosave_interval 0")
         if self.tls is not None:
-            lines += [f"cafile {self.tls.ca}", f"certfile {self.tls.cert}", f"keyfile {self.tls.key}"]
+            # Copies in the workdir: a broker started as root reads them after dropping to its own user.
+            lines += [f"cafile {self.workdir / 'ca.crt'}", f"certfile {self.workdir / 'server.crt'}"]
+            lines.append(f"keyfile {self.workdir / 'server.key'}")
             lines.append(f"require_certificate {'true' if self.tls.require_certificate else 'false'}")
         lines += self.extra
         return "\n".join(lines) + "\n"
@@ -117,7 +120,12 @@ class Mosquitto:
             raise EdgerunError("mosquitto is not installed (run .ci/install-system-deps)")
         conf = self.workdir / "mosquitto.conf"
         conf.write_text(self.config_text(), encoding="utf-8")
-        _give_to_broker_user(self.workdir)
+        owned = [self.workdir]
+        if self.tls is not None:
+            for source, name in ((self.tls.ca, "ca.crt"), (self.tls.cert, "server.crt"), (self.tls.key, "server.key")):
+                shutil.copyfile(source, self.workdir / name)
+                owned.append(self.workdir / name)
+        _give_to_broker_user(owned)
         log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(

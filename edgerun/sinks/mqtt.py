@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import random
@@ -115,17 +116,32 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: Callable[[flo
     return rand(0.0, min(cap_s, base_s * (2.0 ** min(attempt, 30))))
 
 
+def _to_builtin(obj: Any) -> Any:
+    """numpy scalars (in a metrics summary or event data) as the Python numbers they hold."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+class _ClosedBeforeConnack(ConnectionError):
+    """The broker hung up while the CONNECT was being sent."""
+
+
 class _Message:
     """A pre-encoded non-detection message (event, metrics) waiting in the events queue."""
 
-    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type")
+    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type", "expiry_s")
 
-    def __init__(self, topic_key: str, payload: bytes, qos: int, retain: bool, content_type: str) -> None:
+    def __init__(
+        self, topic_key: str, payload: bytes, qos: int, retain: bool, content_type: str, expiry_s: int = 0
+    ) -> None:
         self.topic_key = topic_key
         self.payload = payload
         self.qos = qos
         self.retain = retain
         self.content_type = content_type
+        self.expiry_s = expiry_s
 
 
 def _set_future(
@@ -197,17 +213,15 @@ class MqttSink(Sink):
 
         self._outbox = Outbox(cfg.outbox, self.stats)
         self._events: collections.deque[_Message] = collections.deque()
-        self._encoder = msgspec.json.Encoder()
+        self._encoder = msgspec.json.Encoder(enc_hook=_to_builtin)
         self._ssl_context: ssl.SSLContext | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: mqtt.Client | None = None
-        self._sock: Any = None
         self._inflight: dict[int, tuple[str, Any]] = {}
         self._max_qos = 1
         self._retain_available = True
         self._alias_of: dict[str, int] = {}
         self._alias_bound: set[str] = set()
-        self._connack_at = 0.0
         self._attached_at = 0.0
         self._lost: asyncio.Event | None = None
         self._first_attempt_done: asyncio.Event | None = None
@@ -351,8 +365,8 @@ class MqttSink(Sink):
             cfg.host, cfg.port, keepalive=cfg.keepalive_s, clean_start=cfg.clean_start, properties=props
         )
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise ConnectionError(mqtt.error_string(rc))
-        sock = client.socket()
+            raise _ClosedBeforeConnack(mqtt.error_string(rc))
+        sock: Any = client.socket()
         if sock is not None:
             # Detections are small and latency matters more than packet count.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -372,23 +386,35 @@ class MqttSink(Sink):
         cfg = self.cfg
         attempt = 0
         while not self._closing:
-            client = self._new_client()
             self._lost = lost = asyncio.Event()
             connected_before = self.connects
+            client: mqtt.Client | None = None
             try:
+                client = self._new_client()
                 await _run_in_daemon_thread(
-                    loop, lambda c=client: self._connect_blocking(c), lambda c=client: self._abandon(c)
+                    loop, functools.partial(self._connect_blocking, client), functools.partial(self._abandon, client)
                 )
             except asyncio.CancelledError:
-                self._abandon(client)
+                if client is not None:
+                    self._abandon(client)
                 raise
+            except _ClosedBeforeConnack:
+                self._set_down(self._closed_early())
             except Exception as err:  # every failure is one line in health
                 self._set_down(describe_connect_error(err, cfg.connect_timeout_s))
             else:
                 if self._closing:
                     self._abandon(client)
                     break
-                self._attach(client)
+                try:
+                    self._attach(client)
+                except (OSError, ValueError) as err:  # the socket died between connect and attach
+                    if self._client is client:
+                        self._teardown(client, describe_connect_error(err, cfg.connect_timeout_s))
+                    else:
+                        self._abandon(client)
+                        self._set_down(describe_connect_error(err, cfg.connect_timeout_s))
+                        lost.set()
                 await lost.wait()
             if self._first_attempt_done is not None:
                 self._first_attempt_done.set()
@@ -401,8 +427,10 @@ class MqttSink(Sink):
         """Hand the connected socket to the loop: from here on paho only runs inside loop callbacks."""
         loop = self._loop
         assert loop is not None
+        sock: Any = client.socket()
+        if sock is None:
+            raise OSError("the connection closed before it could be used")
         self._client = client
-        self._sock = sock = client.socket()
         self._attached_at = loop.time()
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
@@ -428,7 +456,6 @@ class MqttSink(Sink):
         if client is not self._client:
             return
         self._client = None
-        self._sock = None
         was_connected = self.stats.connected
         # In-flight publishes may not have reached the broker: they go first on the next connection.
         batches = [item for kind, item in self._inflight.values() if kind == "batch"]
@@ -447,6 +474,13 @@ class MqttSink(Sink):
             self._set_down(reason, was_connected)
         if self._lost is not None:
             self._lost.set()
+
+    def _closed_early(self) -> str:
+        # Under TLS 1.3 a missing or rejected client certificate shows up only as this early close.
+        hint = ""
+        if self._ssl_context is not None and not self.cfg.tls_cert:
+            hint = " (does it require a client certificate? set tls_cert and tls_key)"
+        return "broker closed the connection before CONNACK" + hint
 
     def _set_down(self, what: str, was_connected: bool = False) -> None:
         reason = _one_line(f"mqtt {self.cfg.host}:{self.cfg.port}: {what}")
@@ -531,6 +565,8 @@ class MqttSink(Sink):
             what, self._refused = self._refused, ""
         elif getattr(flags, "is_disconnect_packet_from_server", False):
             what = f"broker disconnected ({reason_code})"
+        elif not self.stats.connected:
+            what = self._closed_early()
         else:
             what = "connection lost"
         self._connection_lost(client, what)
@@ -572,9 +608,12 @@ class MqttSink(Sink):
         limit = self.inflight_limit
         while len(self._inflight) < limit and self._events:
             message = self._events.popleft()
+            props = Properties(PacketTypes.PUBLISH)
+            if message.expiry_s:
+                props.MessageExpiryInterval = message.expiry_s
             mid = self._publish_now(
                 client, message.topic_key, message.payload, message.qos, message.retain, message.content_type,
-                "event" if message.topic_key == "events" else "metrics", message,
+                "event" if message.topic_key == "events" else "metrics", message, props,
             )
             if mid is None:
                 return
@@ -696,7 +735,9 @@ class MqttSink(Sink):
                 if self.bad_metrics == 1:
                     log.warning("mqtt: metrics summary is not JSON-encodable: %s", err)
                 continue
-            self._queue_message(_Message("metrics", body, self.cfg.qos_metrics, False, "application/json"))
+            # A summary older than two periods has been replaced by a newer one.
+            expiry = max(1, math.ceil(2 * interval))
+            self._queue_message(_Message("metrics", body, self.cfg.qos_metrics, False, "application/json", expiry))
 
     @staticmethod
     async def _wait_until(done: Callable[[], bool], deadline: float) -> None:

@@ -27,16 +27,20 @@ from edgerun.sinks.mosquitto import BrokerTls, Mosquitto, find_mosquitto, free_p
 from edgerun.types import DetectionBatch, Detections, FrameMeta, Pose
 
 __all__ = [
+    "PYTHON",
     "BrokerTls",
+    "Certs",
     "Collector",
     "Mosquitto",
-    "Certs",
+    "collecting",
     "dds_domain_id",
     "find_mosquitto",
     "free_port",
     "loopback_config",
     "make_batch",
     "make_certs",
+    "make_other_ca",
+    "python_env",
     "run_mosquitto",
     "wait_for",
 ]

@@ -37,7 +37,12 @@ async def drive(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await sink.start()
+    deadline = time.monotonic() + 30
     while not sink.stats.connected:
+        if time.monotonic() > deadline:
+            print(f"NOT CONNECTED: {sink.status_reason}", flush=True)
+            await sink.close(0.5)
+            return 1
         await asyncio.sleep(0.02)
     print("READY", flush=True)
     seq = 0

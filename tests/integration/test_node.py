@@ -227,3 +227,50 @@ def test_corrupt_model_is_one_clear_line(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"edgerun: error: {bundle / 'model.tflite'}: not a loadable TFLite model")
     assert "Traceback" not in proc.stderr
+
+
+def test_broker_unreachable_at_start_node_runs_and_names_the_sink(node):
+    """The MQTT broker is not there: detections still reach the JSONL sink and health names the sink."""
+    dead_port = free_port()
+    n = node(extra=f"[sinks.mqtt]\nenabled = true\nport = {dead_port}\nreconnect_max_s = 0.5\n")
+    n.recv_notify("READY=1")
+    n.wait_http()
+    end = time.monotonic() + 20
+    health = {}
+    while time.monotonic() < end:
+        health = json.loads(n.get("/healthz")[2])
+        if "sink.mqtt" in health["reasons"]:
+            break
+        time.sleep(0.2)
+    assert health["state"] == "degraded"
+    assert f"127.0.0.1:{dead_port}" in health["reasons"]["sink.mqtt"]
+    assert n.lines(), "detections must still flow to the other sinks"
+    metrics = n.get("/metrics")[2].decode()
+    assert 'edgerun_sink_connected{sink="mqtt"} 0.0' in metrics
+    assert 'edgerun_sink_connected{sink="jsonl"} 1.0' in metrics
+
+
+def test_node_publishes_to_a_real_broker(node):
+    """A real mosquitto on a loopback port: mosquitto_sub sees the retained status and the detections."""
+    from edgerun.sinks.mosquitto import run_mosquitto
+
+    with run_mosquitto() as broker:
+        n = node(extra=f"[sinks.mqtt]\nenabled = true\nport = {broker.port}\nqos_detections = 1\n")
+        n.recv_notify("READY=1")
+        sub = subprocess.run(
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-V", "mqttv5",
+             "-t", "edgerun/test-node/#", "-v", "-C", "6", "-W", "30"],
+            capture_output=True, text=True, timeout=60,
+        )
+        topics = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in sub.stdout.splitlines()}
+        assert topics.get("edgerun/test-node/status") == "online"
+        payload = json.loads(topics["edgerun/test-node/detections"])
+        assert payload["schema"] == "edgerun.detections/1" and payload["node"] == "test-node"
+        n.proc.send_signal(signal.SIGTERM)
+        assert n.proc.wait(10) == 0
+        retained = subprocess.run(
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", "edgerun/test-node/status",
+             "-C", "1", "-W", "10"],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert retained.stdout.strip() == "offline"  # a clean shutdown says goodbye itself

@@ -22,7 +22,10 @@ from edgerun.errors import ConfigError
         ({"colour": 1}, "colour: unknown key"),
         ({"pipeline": 3}, "pipeline: expected table, got 3"),
         ({"sinks": {"mqtt": {"port": 70000}}}, "sinks.mqtt.port: expected int <= 65535, got 70000"),
-        ({"engine": {"order": ["tflite", "tpu"]}}, "engine.order[1]: expected one of edgetpu, tflite, got 'tpu'"),
+        (
+            {"engine": {"order": ["tflite", "tpu"]}},
+            "engine.order[1]: expected one of edgetpu, onnx, tensorrt, tflite, got 'tpu'",
+        ),
         ({"source": {"kind": "opencv"}}, "source.uri: required when source.kind is 'opencv'"),
         ({"source": {"replay": {"hfov_deg": 200.0}}}, "source.replay.hfov_deg: expected float < 170.0, got 200.0"),
         ({"sinks": {"mqtt": {"tls_cert": "c.pem"}}}, "sinks.mqtt.tls_key: tls_cert and tls_key must be given together"),

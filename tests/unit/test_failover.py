@@ -9,6 +9,9 @@ nothing asserts on speed: this runs on a small shared machine.
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -323,23 +326,38 @@ def test_variants_missing_from_the_bundle_are_not_a_problem(tmp_path, blazeface_
 # -- breadcrumbs ---------------------------------------------------------------------------
 
 
+DIE_INSIDE_A_CALL = """
+import os, signal, sys
+from edgerun.engines.breadcrumb import Breadcrumbs
+Breadcrumbs(sys.argv[1]).inflight(sys.argv[2]).__enter__()  # a call into the driver...
+os.kill(os.getpid(), signal.SIGKILL)  # ...that takes the process with it
+"""
+
+
+def die_inside_a_call(state_dir: Path, key: str) -> None:
+    """A real process that is killed while a call into ``key`` is in flight."""
+    proc = subprocess.run([sys.executable, "-c", DIE_INSIDE_A_CALL, str(state_dir), key], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
 def test_breadcrumb_blames_an_engine_the_process_died_inside(tmp_path):
     crumbs = Breadcrumbs(tmp_path)
-    inflight = crumbs.inflight("tensorrt")
-    inflight.__enter__()  # a call that never returns: the process "dies" here
-    assert read_inflight(tmp_path / "inflight-tensorrt")[0] == 1
+    with crumbs.inflight("edgetpu"):
+        assert read_inflight(tmp_path / "inflight-edgetpu")[0] == 1  # a store into the mapping, visible at once
+        assert Breadcrumbs(tmp_path).recover() == {}  # this live process's own counter is no crash
+    crumbs.close()
 
-    after = Breadcrumbs(tmp_path)  # the next process
-    assert after.recover() == {"tensorrt": 1}
+    die_inside_a_call(tmp_path, "tensorrt")
+    assert read_inflight(tmp_path / "inflight-tensorrt")[0] == 1  # it outlived the process
+    assert Breadcrumbs(tmp_path).recover() == {"tensorrt": 1}  # the next process blames it
     assert not (tmp_path / "inflight-tensorrt").exists()
     assert Breadcrumbs(tmp_path).recover() == {}  # blamed once, not again
-    again = Breadcrumbs(tmp_path)
-    again.inflight("tensorrt").__enter__()
+    die_inside_a_call(tmp_path, "tensorrt")
     assert Breadcrumbs(tmp_path).recover() == {"tensorrt": 2}  # the count is persisted and grows
     state = Breadcrumbs(tmp_path)
     state.recover()
     state.forgive("tensorrt")
-    assert Breadcrumbs(tmp_path).recover() == {} and Breadcrumbs(tmp_path)._load_state() is None
+    assert Breadcrumbs(tmp_path).crashes == {} and '"crashes": {}' in (tmp_path / "engine-state.json").read_text()
 
 
 def test_breadcrumb_ignores_finished_calls_clean_shutdowns_and_earlier_boots(tmp_path):
@@ -354,7 +372,7 @@ def test_breadcrumb_ignores_finished_calls_clean_shutdowns_and_earlier_boots(tmp
     assert Breadcrumbs(tmp_path).recover() == {}
 
     (tmp_path / "inflight-edgetpu").write_bytes(
-        RECORD.pack(b"EDGRCRB1", 1, b"00000000-0000-0000-0000-000000000000", 1)
+        RECORD.pack(b"EDGRCRB1", 1, b"00000000-0000-0000-0000-000000000000", 1)  # left by an earlier boot
     )
     assert Breadcrumbs(tmp_path).recover() == {}  # a power cut, not the engine's fault
     (tmp_path / "inflight-edgetpu").write_bytes(b"garbage")
@@ -362,8 +380,7 @@ def test_breadcrumb_ignores_finished_calls_clean_shutdowns_and_earlier_boots(tmp
 
 
 def test_a_crashed_engine_is_skipped_at_start_and_reprobed_later(tmp_path, blazeface_bundle, photo):
-    crumbs = Breadcrumbs(tmp_path)
-    crumbs.inflight("accel").__enter__()  # the previous process died inside an "accel" call
+    die_inside_a_call(tmp_path, "accel")  # the previous process died inside an "accel" call
     plan, health = FaultPlan(), Health()
     settings = FailoverSettings(reprobe_min_s=0.2, reprobe_max_s=5.0)
     failover = accel_failover(blazeface_bundle, plan, (512, 512), settings, health, crumbs=Breadcrumbs(tmp_path))
@@ -376,6 +393,37 @@ def test_a_crashed_engine_is_skipped_at_start_and_reprobed_later(tmp_path, blaze
         assert "crashed the process" in health.reasons["engine"]
     finally:
         failover.close()
+
+
+def test_a_second_failover_takes_over_the_pipeline_as_an_ota_swap_does(tmp_path, running, photo, blazeface_bundle):
+    first = running(FailoverSettings(reprobe_min_s=30.0), crumbs=Breadcrumbs.shared(tmp_path))
+    first.rec.wait_for_engine("accel", since=0.0)
+    # A new model's failover opens beside the running one (same state directory)...
+    second = accel_failover(
+        blazeface_bundle, FaultPlan(), (photo.shape[1], photo.shape[0]), FailoverSettings(),
+        crumbs=Breadcrumbs.shared(tmp_path),
+    )
+    runtime = second.start()
+    assert second.active_key == "accel"  # the first one's live counter was not taken for a crash
+    # ...and takes over: the pipeline's guard and runtime change between two frames.
+    first.pipeline.infer_guard = second
+    first.pipeline.swap_runtime(runtime)
+    second.attach(first.pipeline)
+    t_swap = time.monotonic()
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end and not any(
+        b.engine == "accel" and ts > t_swap for ts, b in first.rec.batches[-5:]
+    ):
+        time.sleep(0.02)
+    # The old failover no longer touches the pipeline, whatever it decides.
+    first.failover._activate(first.failover.candidates[1], reason="test")
+    assert first.pipeline.runtime is runtime
+    first.failover.close()
+    assert (tmp_path / "inflight-accel").exists()  # still counting for the second
+    first.failover = second  # the fixture closes it
+    second_crumbs = Breadcrumbs.shared(tmp_path)
+    first.stop()
+    assert not (tmp_path / "inflight-accel").exists() and second_crumbs._users == 0
 
 
 # -- the watched worker ----------------------------------------------------------------------

@@ -19,12 +19,12 @@ import pytest
 pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install edgerun[onnx])")
 pytest.importorskip("tflite2onnx", reason="tflite2onnx not installed (pip install edgerun[onnx])")
 
-from edgerun.engines.base import ENGINE_MODULES, EngineOptions, engine_class  # noqa: E402
-from edgerun.engines.onnx import OnnxEngine, choose_providers, image_layout  # noqa: E402
-from edgerun.errors import EngineError, ModelError  # noqa: E402
-from edgerun.models.build_trt import onnx_variant  # noqa: E402
-from edgerun.models.bundle import load_bundle  # noqa: E402
-from edgerun.node import build_runtime  # noqa: E402
+from edgerun.engines.base import ENGINE_MODULES, EngineOptions, engine_class
+from edgerun.engines.onnx import OnnxEngine, choose_providers, image_layout
+from edgerun.errors import EngineError, ModelError
+from edgerun.models.build_trt import onnx_variant
+from edgerun.models.bundle import load_bundle
+from edgerun.node import build_runtime
 
 
 def bundle_with_onnx(bundle, dest: Path) -> Path:
