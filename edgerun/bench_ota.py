@@ -211,8 +211,7 @@ def run_ota_bench(quick: bool = False) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="edgerun-bench-ota-") as tmpdir:
         tmp = Path(tmpdir)
-        result["blazeface"] = bench_deltas(tmp / "bf", "blazeface_short")
-        (tmp / "bf").mkdir(exist_ok=True)
+        result["blazeface"] = bench_deltas(_mk(tmp / "bf"), "blazeface_short")
         result["model_5mb"] = bench_deltas(_mk(tmp / "p5"), "pose_detector", pad_to=MODEL_5MB)
         payload = (tmp / "p5" / "pose_detector-v1" / "model.tflite").read_bytes()
         result["verify"] = bench_verify(payload)

@@ -411,10 +411,15 @@ class Node:
         pipeline = self.pipeline
         assert pipeline is not None
         old = (pipeline.runtime, self.failover)
+        replaces_guard = failover is not None and failover is not self.failover
+        if replaces_guard and self.failover is not None:
+            # Its re-probing must not swap the replaced model back in while the new one is on trial.
+            self.failover.detach()
         pipeline.swap_runtime(runtime)
-        if failover is not None:
+        if replaces_guard:
             self.failover = failover
             pipeline.infer_guard = failover
+            failover.attach(pipeline)
         timeout = self.cfg.service.shutdown_timeout_s
         if not await asyncio.get_running_loop().run_in_executor(None, pipeline.retire, old[0], timeout):
             log.warning("frames on the replaced model did not finish within %.1f s", timeout)

@@ -263,7 +263,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if last:
             print(f"updater: {status.get('state', '?')}; last step: {json.dumps(last, sort_keys=True)}")
         for rec in report["journal"][-6:]:
-            extra = {k: v for k, v in rec.items() if k not in ("txn", "step", "t")}
+            extra = {k: v for k, v in rec.items() if k in ("version", "slot", "from_version", "reason")}
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["t"]))
             print(f"  {when} txn {rec['txn']} {rec['step']} {json.dumps(extra, sort_keys=True) if extra else ''}")
         if args.check:

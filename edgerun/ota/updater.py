@@ -201,7 +201,7 @@ class Updater:
         for action in actions:
             log.warning("ota: recovery: %s", action)
             self._pending_events.append({"step": "recovered", "action": action})
-        self.status.update(installed=self._installed_summary())
+        self.status.update(installed=self._installed_summary(), name=inst.name)
         self._write_status()
         return store.slot_bundle(inst.active)
 
@@ -364,6 +364,7 @@ class Updater:
 
     async def apply(self, transport: Transport, offer: Offer) -> str:
         """Take one offer through every step; returns 'committed' or 'rolled_back', raises Rejected."""
+        self.status.pop("version", None)
         self.status.update(state="checking", source=offer.source, steps=[])
         self._report("check", source=offer.source)
         # Off the loop: signature checks are quick, but persisting a newer keys.json fsyncs.
@@ -550,15 +551,15 @@ class Updater:
         old_version = node.model_version
         before = self.watch.latencies(old_version, since=time.monotonic() - 60.0, last=500)
         errors_before = node.stats.dropped[("infer", "error")]
-        await self._io(store.journal, txn, "trial")
-        old: Serving = await node.swap_model(*new)
-        if new[1] is not None:
-            new[1].attach(node.pipeline)
-        t_swap = time.monotonic()
-        self.status["state"] = "trial"
-        self._report("swapped", version=manifest.version, window_s=cfg.health_window_s)
+        assert node.pipeline is not None
+        old: Serving = (node.pipeline.runtime, node.failover)
         reason: str | None = None
         try:
+            await self._io(store.journal, txn, "trial")
+            await node.swap_model(*new)  # detaches the old failover, attaches the new one
+            t_swap = time.monotonic()
+            self.status["state"] = "trial"
+            self._report("swapped", version=manifest.version, window_s=cfg.health_window_s)
             end = t_swap + cfg.health_window_s
             while time.monotonic() < end:
                 await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
@@ -571,7 +572,8 @@ class Updater:
         except asyncio.CancelledError:
             # Shutting down mid-window says nothing about the model: leave the store as it was, try again later.
             await self._io(store.abort, txn, "the node stopped during the health window")
-            await self._close(old)
+            # The node closes whatever it serves at exit; close the other one.
+            await self._close(old if node.pipeline.runtime is new[0] else new)
             raise
         if reason is None:
             await self._io(store.commit, txn, begin)
