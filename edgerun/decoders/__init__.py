@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from edgerun.errors import ModelError
+from edgerun.registry import resolve
 
 if TYPE_CHECKING:
     from edgerun.decoders.base import Decoder
@@ -22,12 +22,5 @@ DECODER_MODULES: dict[str, str] = {
 
 def decoder_class(key: str) -> type[Decoder]:
     """The Decoder subclass registered under ``key`` (the ``decoder.kind`` of a model bundle)."""
-    try:
-        target = DECODER_MODULES[key]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(DECODER_MODULES))
-        raise ModelError(f"unknown decoder {key!r} (known: {known})") from None
-    module_name, class_name = target.split(":")
-    module = importlib.import_module(module_name)
-    cls: type[Decoder] = getattr(module, class_name)
+    cls: type[Decoder] = resolve(DECODER_MODULES, key, "unknown decoder", ModelError)
     return cls

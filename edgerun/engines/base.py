@@ -7,7 +7,6 @@ without that SDK can still import edgerun and fall back to another engine.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgerun.errors import EngineError
+from edgerun.registry import resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +112,4 @@ ENGINE_MODULES: dict[str, str] = {
 
 def engine_class(key: str) -> type[Engine]:
     """The Engine subclass registered under ``key``."""
-    try:
-        target = ENGINE_MODULES[key]
-    except KeyError:
-        known = ", ".join(sorted(ENGINE_MODULES))
-        raise EngineError(f"unknown engine {key!r} (known: {known})") from None
-    module_name, class_name = target.split(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)
+    return resolve(ENGINE_MODULES, key, "unknown engine", EngineError)

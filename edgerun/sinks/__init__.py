@@ -6,10 +6,10 @@ paho-mqtt or cyclonedds installed still starts with the sinks it has.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-from edgerun.errors import ConfigError, EdgerunError
+from edgerun.errors import ConfigError
+from edgerun.registry import resolve
 
 if TYPE_CHECKING:
     from edgerun.sinks.base import Sink
@@ -24,15 +24,5 @@ SINK_MODULES: dict[str, str] = {
 
 def sink_class(key: str) -> type[Sink]:
     """The Sink class registered under ``key``; a missing library is one clear error."""
-    try:
-        target = SINK_MODULES[key]
-    except KeyError:
-        known = ", ".join(sorted(SINK_MODULES))
-        raise ConfigError(f"sinks: expected one of {known}, got {key!r}") from None
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise EdgerunError(f"sinks.{key}: cannot load the {key} sink ({err})") from None
-    cls: type[Sink] = getattr(module, class_name)
+    cls: type[Sink] = resolve(SINK_MODULES, key, "unknown sink", ConfigError)
     return cls

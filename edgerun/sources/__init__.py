@@ -7,10 +7,10 @@ pays for the replay's scene (or needs scikit-image).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, cast
 
 from edgerun.errors import SourceError
+from edgerun.registry import resolve
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,14 +28,7 @@ SOURCE_MODULES: dict[str, str] = {
 
 def source_class(key: str) -> type[Source]:
     """The Source subclass registered under ``key``."""
-    try:
-        target = SOURCE_MODULES[key]
-    except KeyError:
-        known = ", ".join(sorted(SOURCE_MODULES))
-        raise SourceError(f"unknown source kind {key!r} (known: {known})") from None
-    module_name, class_name = target.split(":")
-    module = importlib.import_module(module_name)
-    return cast("type[Source]", getattr(module, class_name))
+    return cast("type[Source]", resolve(SOURCE_MODULES, key, "unknown source kind", SourceError))
 
 
 def make_source(cfg: SourceConfig) -> Source:
