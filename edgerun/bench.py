@@ -450,17 +450,23 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join([header, rule, *rows])
 
 
+def emit_result(result: dict[str, Any], json_out: str | None, echo: bool = True) -> None:
+    """Print a bench result as JSON and write it to ``json_out`` when given."""
+    text = json.dumps(result, indent=2)
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(text + "\n")
+    if echo:
+        print(text)
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     if args.table is not None:
         results = [json.loads(Path(p).read_text()) for p in args.table]
         print(format_table(results))
         return 0
     result = run_bench(args.model, args.seconds, args.soak_seconds)
-    text = json.dumps(result, indent=2)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(text + "\n")
-    print(text)
+    emit_result(result, args.json_out)
     return 0
 
 
@@ -520,10 +526,7 @@ def run_sinks_bench_command(args: argparse.Namespace) -> int:
 
     result = {"sinks": asyncio.run(bench_sinks(args.seconds))}
     result["pipeline"] = bench_sink_overhead(resolve_bundle(args.model), max(6.0, args.seconds * 2))
-    text = json.dumps(result, indent=2)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(text + "\n")
+    emit_result(result, args.json_out, echo=False)
     print(format_table(result["sinks"]))
     print(json.dumps(result["pipeline"], indent=2))
     return 0

@@ -26,7 +26,6 @@ batches are timed where the decode stage hands them on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import threading
@@ -321,9 +320,7 @@ def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: 
 
 def run_failover_bench_command(args: argparse.Namespace) -> int:
     result = run_failover_bench(args.model, args.seconds, args.repeats)
-    text = json.dumps(result, indent=2)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(text + "\n")
-    print(text)
+    from edgerun.bench import emit_result
+
+    emit_result(result, args.json_out)
     return 0

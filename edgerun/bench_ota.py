@@ -238,9 +238,7 @@ def _mk(path: Path) -> Path:
 
 def run_ota_bench_command(args: argparse.Namespace) -> int:
     result = run_ota_bench(quick=getattr(args, "seconds", 8.0) < 2.0)
-    text = json.dumps(result, indent=2)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(text + "\n")
-    print(text)
+    from edgerun.bench import emit_result
+
+    emit_result(result, args.json_out)
     return 0
