@@ -1,6 +1,6 @@
 """The Node: the one place that knows every part and wires them together.
 
-Start order: model bundle -> engine (first candidate that opens) -> decoder ->
+Start order: model bundle -> engines (failover opens every candidate) -> decoder ->
 source -> pool and stage threads -> sinks -> HTTP and systemd. Stop order is
 the reverse of the frame path: stop capture, drain frames in flight, flush
 sinks, say goodbye to systemd.
@@ -22,7 +22,7 @@ from edgerun.decoders import decoder_class
 from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.engines.breadcrumb import Breadcrumbs, default_state_dir
 from edgerun.engines.failover import LAST_RESORT, EventCallback, Failover, FailoverSettings
-from edgerun.errors import EngineError, ModelError, SourceError
+from edgerun.errors import SourceError
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
 from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
@@ -45,33 +45,6 @@ def open_bundle(cfg: Config) -> ModelBundle:
     if cfg.model.bundle:
         return load_bundle(cfg.model.bundle)
     return ensure_demo_bundle()
-
-
-def open_engine(cfg: Config, bundle: ModelBundle) -> Engine:
-    """The first engine in ``engine.order`` that opens; CPU TFLite is always the last resort."""
-    order = list(dict.fromkeys([*cfg.engine.order, "tflite"]))
-    options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device)
-    failures: list[str] = []
-    for key in order:
-        path = bundle.variant_path(key)
-        if path is None:
-            failures.append(f"{key}: bundle has no {key} variant")
-            continue
-        try:
-            engine = engine_class(key)(path, options)
-        except ModelError:
-            if key == "tflite":
-                raise
-            failures.append(f"{key}: {path.name} did not load")
-            continue
-        except EngineError as err:
-            failures.append(f"{key}: {err}")
-            log.warning("engine %s unavailable: %s", key, err)
-            continue
-        if failures:
-            log.warning("serving on %s after: %s", key, "; ".join(failures))
-        return engine
-    raise EngineError("no engine could be opened: " + "; ".join(failures))
 
 
 def build_runtime(

@@ -506,8 +506,6 @@ class Updater:
     def _open_runtime(self, bundle: ModelBundle, loop: asyncio.AbstractEventLoop) -> Serving:
         """Open the new model beside the running one and check one inference (executor thread).
 
-        Where the node runs engine failover, the new model gets its own failover over
-        ``engine.order`` (every candidate opened and warmed up); otherwise one engine.
         """
         from edgerun import node as node_module
 
@@ -515,20 +513,12 @@ class Updater:
         assert node.pipeline is not None
         source = node.pipeline.source
         frame_size = (source.width, source.height)
-        failover: Any = None
-        if node.failover is not None and hasattr(node_module, "open_failover"):
-            failover = node_module.open_failover(
-                node.cfg, bundle, frame_size, health=node.health,
-                on_event=lambda kind, data: loop.call_soon_threadsafe(node._publish_event, kind, data),
-            )
-            runtime = failover.start()
-        else:
-            engine = node_module.open_engine(node.cfg, bundle)
-            try:
-                runtime = node_module.build_runtime(bundle, engine, frame_size, node.cfg.model.score_threshold)
-            except BaseException:
-                engine.close()
-                raise
+        # The new model gets its own failover over engine.order (every candidate opened and warmed up).
+        failover = node_module.open_failover(
+            node.cfg, bundle, frame_size, health=node.health,
+            on_event=lambda kind, data: loop.call_soon_threadsafe(node._publish_event, kind, data),
+        )
+        runtime = failover.start()
         serving: Serving = (runtime, failover)
         engine = runtime.engine
         try:
