@@ -192,8 +192,7 @@ class Node:
             self._notifier.ready()
 
     def _on_health_change(self, state: str, reasons: dict[str, str]) -> None:
-        for sink in self.sinks:
-            sink.publish_event("health", {"state": state, "reasons": reasons})
+        self._publish_event("health", {"state": state, "reasons": reasons})
 
     def _publish_event(self, kind: str, data: dict[str, Any]) -> None:
         for sink in self.sinks:
