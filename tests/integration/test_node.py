@@ -274,3 +274,55 @@ def test_node_publishes_to_a_real_broker(node):
             capture_output=True, text=True, timeout=30,
         )
         assert retained.stdout.strip() == "offline"  # a clean shutdown says goodbye itself
+
+
+def test_camera_that_disappears_is_reopened_and_the_node_recovers(node, tmp_path, astronaut_rgb):
+    """A looping video file removed mid-run stands in for a camera unplugged and plugged back."""
+    import cv2
+
+    video = tmp_path / "cam.avi"
+    frame = cv2.cvtColor(cv2.resize(astronaut_rgb, (320, 240)), cv2.COLOR_RGB2BGR)
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
+    for _ in range(5):
+        writer.write(frame)
+    writer.release()
+    backup = video.read_bytes()
+    source = f"""[source]
+kind = "opencv"
+uri = "{video}"
+loop = true
+fps = 30
+reopen_backoff_s = 0.1
+reopen_backoff_max_s = 0.3
+"""
+    n = node(source=source)
+    n.recv_notify("READY=1")
+    n.wait_http()
+
+    def state() -> dict:
+        return json.loads(n.get("/healthz")[2])
+
+    def wait(predicate, timeout=20.0) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            h = state()
+            if predicate(h):
+                return h
+            time.sleep(0.1)
+        raise AssertionError(f"health never matched; last {h}")
+
+    wait(lambda h: h["state"] == "running")
+    video.unlink()
+    gone = wait(lambda h: h["state"] == "degraded" and "source" in h["reasons"])
+    assert "cam.avi" in gone["reasons"]["source"]
+    n.check_alive()
+    before = len(n.lines())
+    video.write_bytes(backup)
+    wait(lambda h: h["state"] == "running")
+    end = time.monotonic() + 10
+    while len(n.lines()) <= before and time.monotonic() < end:
+        time.sleep(0.1)
+    assert len(n.lines()) > before  # frames flow again after the reopen
+    text = n.get("/metrics")[2].decode()
+    errors = [line for line in text.splitlines() if line.startswith("edgerun_source_errors_total ")]
+    assert errors and float(errors[0].split()[1]) >= 1
