@@ -59,18 +59,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level or "warning")
     if args.sinks:
-        from edgerun.bench import run_sinks_bench_command
+        from edgerun.bench.pipeline import run_sinks_bench_command
 
         return run_sinks_bench_command(args)
     if args.ota:
-        from edgerun.bench_ota import run_ota_bench_command
+        from edgerun.bench.ota import run_ota_bench_command
 
         return run_ota_bench_command(args)
     if args.failover:
-        from edgerun.bench_failover import run_failover_bench_command
+        from edgerun.bench.failover import run_failover_bench_command
 
         return run_failover_bench_command(args)
-    from edgerun.bench import run_bench_command
+    from edgerun.bench.pipeline import run_bench_command
 
     return run_bench_command(args)
 

@@ -489,7 +489,7 @@ def test_listener_skips_malformed_messages() -> None:
 
 def test_bench_sinks_short_form() -> None:
     """``edgerun bench --sinks`` in CI's short form: every number is there; none is judged for speed."""
-    from edgerun.bench_sinks import bench_sinks, format_table
+    from edgerun.bench.sinks import bench_sinks, format_table
 
     result = asyncio.run(bench_sinks(0.3))
     assert set(result["sinks"]) == {"mqtt_qos0", "mqtt_qos1", "dds"}

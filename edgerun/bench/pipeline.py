@@ -522,7 +522,7 @@ def bench_sink_overhead(bundle: ModelBundle, seconds: float, rounds: int = 3) ->
 
 def run_sinks_bench_command(args: argparse.Namespace) -> int:
     """``edgerun bench --sinks``: per-sink throughput and delivery latency, and what the sinks cost the pipeline."""
-    from edgerun.bench_sinks import bench_sinks, format_table
+    from edgerun.bench.sinks import bench_sinks, format_table
 
     result = {"sinks": asyncio.run(bench_sinks(args.seconds))}
     result["pipeline"] = bench_sink_overhead(resolve_bundle(args.model), max(6.0, args.seconds * 2))

@@ -238,7 +238,7 @@ def _mk(path: Path) -> Path:
 
 def run_ota_bench_command(args: argparse.Namespace) -> int:
     result = run_ota_bench(quick=getattr(args, "seconds", 8.0) < 2.0)
-    from edgerun.bench import emit_result
+    from edgerun.bench.pipeline import emit_result
 
     emit_result(result, args.json_out)
     return 0

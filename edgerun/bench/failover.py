@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.bench import clip_dir, open_clip, resolve_bundle, timed_rate
+from edgerun.bench.pipeline import clip_dir, open_clip, resolve_bundle, timed_rate
 from edgerun.engines.base import EngineOptions
 from edgerun.engines.failover import EngineWorker, Failover, FailoverSettings, FaultInjectingEngine, FaultPlan
 from edgerun.engines.tflite import TFLiteEngine
@@ -320,7 +320,7 @@ def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: 
 
 def run_failover_bench_command(args: argparse.Namespace) -> int:
     result = run_failover_bench(args.model, args.seconds, args.repeats)
-    from edgerun.bench import emit_result
+    from edgerun.bench.pipeline import emit_result
 
     emit_result(result, args.json_out)
     return 0

@@ -10,7 +10,7 @@ topic, best effort, loopback only) this measures, in one run:
 * ``latency_ms_p50`` / ``latency_ms_p99``: submit to receipt at that subscriber, with the
   batches paced at ``latency_rate_per_s`` (100/s), the added latency of the sink path.
 
-The subscriber runs as ``python -m edgerun.bench_sinks subscribe ...`` so it does not share
+The subscriber runs as ``python -m edgerun.bench.sinks subscribe ...`` so it does not share
 the publisher's GIL; both sides read CLOCK_MONOTONIC, which is one clock across processes
 on Linux. Batches look like BlazeFace output (3 faces, 6 keypoints each).
 """
@@ -165,7 +165,7 @@ class _Receipts:
 @contextlib.asynccontextmanager
 async def _subscriber(*args: str) -> AsyncIterator[_Receipts]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "edgerun.bench_sinks", "subscribe", *args,
+        sys.executable, "-m", "edgerun.bench.sinks", "subscribe", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )
     receipts = _Receipts()
@@ -328,7 +328,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgerun.bench_sinks")
+    parser = argparse.ArgumentParser(prog="python -m edgerun.bench.sinks")
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("subscribe", help="(internal) the subscriber process")
     s.add_argument("kind", choices=["mqtt", "dds"])
