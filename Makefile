@@ -28,8 +28,11 @@ models: $(MODELS)
 system-deps:
 	bash .ci/install-system-deps
 
+# Publishes locally: JSON Lines, MQTT to a private mosquitto on a free loopback port, DDS on loopback;
+# listeners in other processes count what arrives. Without mosquitto (no root to install it) it still runs.
 demo: $(MODELS)
-	$(BIN)/edgerun demo --seconds 20 --out out/demo
+	-@bash .ci/install-system-deps
+	$(BIN)/edgerun demo --seconds 20 --out out/demo --local-broker --dds
 
 test: $(MODELS) system-deps
 	$(BIN)/python -m pytest -q

@@ -7,6 +7,7 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -43,17 +44,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level or "warning")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = demo_config(out_dir, model=args.model, mqtt=args.mqtt, dds=args.dds, http_port=args.http_port, fps=args.fps)
     live = sys.stderr.isatty() and not args.quiet
-    try:
-        import uvloop
+    with contextlib.ExitStack() as stack:
+        mqtt = args.mqtt
+        if args.local_broker and mqtt is None:
+            mqtt = _start_local_broker(stack)
+        cfg = demo_config(out_dir, model=args.model, mqtt=mqtt, dds=args.dds, http_port=args.http_port, fps=args.fps)
+        try:
+            import uvloop
 
-        summary = uvloop.run(run_demo(cfg, args.seconds, out_dir, live))
-    except ImportError:
-        summary = asyncio.run(run_demo(cfg, args.seconds, out_dir, live))
+            summary = uvloop.run(run_demo(cfg, args.seconds, out_dir, live))
+        except ImportError:
+            summary = asyncio.run(run_demo(cfg, args.seconds, out_dir, live))
     print(format_summary(summary))
     print(f"wrote {out_dir}/detections.jsonl, {out_dir}/snapshot.png, {out_dir}/summary.json")
     return 0
+
+
+def _start_local_broker(stack: contextlib.ExitStack) -> str | None:
+    """A private mosquitto on a free loopback port for the demo, or None (with a note) when there is none."""
+    from edgerun.sinks.mosquitto import run_mosquitto
+
+    try:
+        broker = stack.enter_context(run_mosquitto())
+    except Exception as err:  # the demo goes on without MQTT
+        print(f"edgerun demo: no local MQTT broker ({err}); publishing to JSON Lines only", file=sys.stderr)
+        return None
+    print(f"edgerun demo: MQTT on 127.0.0.1:{broker.port} (edgerun listen --mqtt 127.0.0.1:{broker.port})")
+    return f"127.0.0.1:{broker.port}"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -137,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--fps", type=float, default=None, help="replay rate (default 15; 0 = as fast as possible)")
     demo.add_argument("--mqtt", metavar="HOST:PORT", default=None, help="also publish to this MQTT broker")
     demo.add_argument("--dds", action="store_true", help="also publish on DDS (loopback only)")
+    demo.add_argument(
+        "--local-broker", action="store_true", help="publish to a private mosquitto started on a free loopback port"
+    )
     demo.add_argument("--http-port", type=int, default=None, help="HTTP port (default: any free port)")
     demo.add_argument("--quiet", action="store_true", help="no live status line")
     demo.set_defaults(func=cmd_demo)

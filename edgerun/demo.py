@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,9 +130,48 @@ async def _status_line(node: Node, stop: asyncio.Event) -> None:
     sys.stderr.write("\n")
 
 
+class LocalListeners:
+    """``edgerun listen`` subprocesses that prove the demo's MQTT and DDS messages really arrive.
+
+    Each writes what it receives as JSON lines next to the demo's other outputs.
+    """
+
+    def __init__(self, out_dir: Path, mqtt_port: int | None, dds: bool) -> None:
+        self.files: dict[str, Path] = {}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        cmd = [sys.executable, "-m", "edgerun", "listen", "--json"]
+        if mqtt_port is not None:
+            self._start("mqtt", [*cmd, "--mqtt", f"127.0.0.1:{mqtt_port}", "--qos", "1"], out_dir)
+        if dds:
+            self._start("dds", [*cmd, "--dds"], out_dir)
+
+    def _start(self, name: str, cmd: list[str], out_dir: Path) -> None:
+        path = out_dir / f"received-{name}.jsonl"
+        self.files[name] = path
+        with path.open("wb") as out:
+            self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> dict[str, int]:
+        """Stop the listeners; how many detection messages each received."""
+        time.sleep(0.5)  # the last batches are still on the wire
+        for proc in self.procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in self.procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return {name: sum(1 for _ in path.open()) for name, path in self.files.items()}
+
+
 async def run_demo(cfg: Config, seconds: float | None, out_dir: Path | None, live: bool) -> dict[str, Any]:
     recall = RecallMeter("face")
     node = Node(cfg, observers=[recall])
+    listeners = None
+    if out_dir is not None and (cfg.sinks.mqtt.enabled or cfg.sinks.dds.enabled):
+        mqtt_port = cfg.sinks.mqtt.port if cfg.sinks.mqtt.enabled and cfg.sinks.mqtt.host == "127.0.0.1" else None
+        listeners = LocalListeners(out_dir, mqtt_port, cfg.sinks.dds.enabled)
+        await asyncio.sleep(1.0)  # let the subscribers connect and match before the first frame
     stop = asyncio.Event()
     status = asyncio.create_task(_status_line(node, stop)) if live else None
     t0 = time.monotonic()
@@ -141,6 +182,8 @@ async def run_demo(cfg: Config, seconds: float | None, out_dir: Path | None, liv
         if status is not None:
             await status
     summary = node.summary()
+    if listeners is not None:
+        summary["received"] = listeners.stop()
     summary["recall"] = None if recall.recall is None else round(recall.recall, 4)
     summary["recall_truths"] = recall.truths
     summary["wall_s"] = round(time.monotonic() - t0, 3)
@@ -156,8 +199,11 @@ async def run_demo(cfg: Config, seconds: float | None, out_dir: Path | None, liv
 
 def format_summary(summary: dict[str, Any]) -> str:
     recall = summary.get("recall")
+    received = summary.get("received")
+    heard = "".join(f"  {name} listener got {count}" for name, count in (received or {}).items())
     return (
         f"frames {summary['frames']}  fps {summary['fps']}  latency p50 {summary['latency_p50_ms']} ms"
         f"  p99 {summary['latency_p99_ms']} ms  detections {summary['detections']}  dropped {summary['dropped']}"
         f"  recall {'n/a' if recall is None else f'{recall:.3f}'} ({summary['recall_truths']} faces)"
+        f"{heard}"
     )
