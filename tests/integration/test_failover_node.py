@@ -28,6 +28,7 @@ pytest.importorskip("tflite2onnx", reason="tflite2onnx not installed (pip instal
 from edgerun.engines.breadcrumb import read_inflight
 from edgerun.engines.onnx import OnnxEngine
 from tests.conftest import REPO, free_port
+from tests.integration.jsonl import read_records
 from tests.unit.test_onnx_engine import bundle_with_onnx
 
 WAIT_S = 60.0  # generous: node start and a shared 2-core machine
@@ -104,15 +105,7 @@ stall_s = 30.0
             raise AssertionError(f"node exited with {self.proc.returncode}: {self.stderr_path.read_text()[-3000:]}")
 
     def records(self) -> list[dict]:
-        if not self.jsonl.exists():
-            return []
-        out = []
-        for line in self.jsonl.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-        return out
+        return read_records(self.jsonl)
 
     def engines(self) -> list[str]:
         return [r["model"]["engine"] for r in self.records() if r["schema"] == "edgerun.detections/1"]

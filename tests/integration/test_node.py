@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.integration.jsonl import read_records
 
 
 def write_config(tmp_path: Path, source: str, http_port: int, extra: str = "") -> Path:
@@ -98,9 +99,7 @@ class NodeProcess:
         raise AssertionError("HTTP never answered")
 
     def records(self) -> list[dict]:
-        if not self.jsonl.exists():
-            return []
-        return [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        return read_records(self.jsonl)
 
     def lines(self) -> list[dict]:
         """The detection batches (the same file also carries node events)."""

@@ -14,6 +14,7 @@ import pytest
 
 from edgerun.ota.store import ModelStore
 from tests.conftest import free_port
+from tests.integration.jsonl import read_records
 from tests.unit.test_ota_release import Fleet, head_variant
 
 CRASH_STEPS = ["begin", "staged", "warmed", "trial", "commit", "done"]
@@ -62,15 +63,7 @@ http_port = {free_port()}
         )
 
     def records(self) -> list[dict]:
-        if not self.jsonl.exists():
-            return []
-        out = []
-        for line in self.jsonl.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-        return out
+        return read_records(self.jsonl)
 
     def batches(self) -> list[dict]:
         return [r for r in self.records() if r.get("schema") == "edgerun.detections/1"]
