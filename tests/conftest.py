@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,17 @@ def camera_rgb() -> np.ndarray:
 
     gray = data.camera()
     return np.repeat(gray[:, :, None], 3, axis=2)
+
+
+@pytest.fixture
+def no_thread_left_behind():
+    """Fails the test if it leaves a thread running (given a moment to wind down)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 2.0
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(threading.enumerate()) - before == set()
 
 
 def free_port() -> int:

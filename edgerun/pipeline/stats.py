@@ -44,9 +44,6 @@ class LatencyHistogram:
             return float("nan")
         return float(np.percentile(recent, q) * 1000.0)
 
-    def reset_recent(self) -> None:
-        self._next = 0
-
 
 class StageStats:
     """Per-stage frame count, busy time and processing-time histogram."""

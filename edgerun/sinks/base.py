@@ -46,9 +46,6 @@ class Outbox:
     def pop(self) -> Any:
         return self._items.popleft()
 
-    def peek(self) -> Any:
-        return self._items[0]
-
     def __len__(self) -> int:
         return len(self._items)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from typing import Awaitable, Callable
 
 import aiohttp
@@ -22,14 +21,8 @@ METRICS = "# HELP edgerun_frames_inferred Frames that went through the model.\n"
     "# TYPE edgerun_frames_inferred counter\nedgerun_frames_inferred_total 42.0\n"
 
 
-@pytest.fixture(autouse=True)
-def no_thread_left_behind():
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + 2.0
-    while set(threading.enumerate()) - before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert set(threading.enumerate()) - before == set()
+# Fails any test here that leaves a thread running (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_thread_left_behind")
 
 
 def real_jpeg() -> bytes:

@@ -7,7 +7,6 @@ import logging
 import os
 import socket
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,15 +17,8 @@ import pytest
 from edgerun.service.health import Health
 from edgerun.service.sdnotify import SdNotifier, Watchdog
 
-
-@pytest.fixture(autouse=True)
-def no_thread_left_behind():
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + 2.0
-    while set(threading.enumerate()) - before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert set(threading.enumerate()) - before == set()
+# Fails any test here that leaves a thread running (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_thread_left_behind")
 
 
 @pytest.fixture

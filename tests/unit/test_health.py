@@ -5,21 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 
 import pytest
 
 from edgerun.service.health import Health
 
-
-@pytest.fixture(autouse=True)
-def no_thread_left_behind():
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + 2.0
-    while set(threading.enumerate()) - before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert set(threading.enumerate()) - before == set()
+# Fails any test here that leaves a thread running (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_thread_left_behind")
 
 
 def test_starts_in_starting_and_not_ready() -> None:
