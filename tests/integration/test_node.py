@@ -243,6 +243,9 @@ def test_broker_unreachable_at_start_node_runs_and_names_the_sink(node):
         time.sleep(0.2)
     assert health["state"] == "degraded"
     assert f"127.0.0.1:{dead_port}" in health["reasons"]["sink.mqtt"]
+    end = time.monotonic() + 20
+    while not n.lines() and time.monotonic() < end:
+        time.sleep(0.1)  # the JSONL writer thread flushes on its own schedule
     assert n.lines(), "detections must still flow to the other sinks"
     metrics = n.get("/metrics")[2].decode()
     assert 'edgerun_sink_connected{sink="mqtt"} 0.0' in metrics
