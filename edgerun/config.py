@@ -72,7 +72,9 @@ class ModelConfig(Section):
 class EngineConfig(Section):
     # Failover candidates in order; the CPU "tflite" engine is always appended last.
     order: list[str] = msgspec.field(default_factory=lambda: ["tflite"])
-    num_threads: NonNegInt = 0  # 0: one per core
+    num_threads: NonNegInt = 0  # CPU threads per interpreter; 0: cores / replicas
+    # CPU tflite: interpreters run side by side, one frame each; 0: one per core (single-threaded each).
+    replicas: NonNegInt = 0
     device: str = ""  # edgetpu: "usb", "usb:0", "pci:0"; tensorrt/onnx: "cuda:0"
     # An accelerator call running longer than this fails over; 0: 10x the engine's p99, at least 250 ms.
     hang_deadline_ms: NonNegInt = 0

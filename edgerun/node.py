@@ -68,7 +68,9 @@ def open_failover(
     on_event: EventCallback | None = None,
 ) -> Failover:
     """The failover controller over ``engine.order`` for ``bundle``; call ``start()`` to open the engines."""
-    options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device)
+    options = EngineOptions(
+        num_threads=cfg.engine.num_threads, replicas=cfg.engine.replicas, device=cfg.engine.device
+    )
     order = list(dict.fromkeys([*cfg.engine.order, LAST_RESORT]))
     absent = {key: f"bundle has no {key} variant" for key in order if bundle.variant_path(key) is None}
 
@@ -252,6 +254,7 @@ class Node:
             queue_depth=cfg.pipeline.queue_depth,
             policy=cfg.pipeline.policy,
             stage_threads=cfg.pipeline.stage_threads,
+            workers=failover.concurrency(),
             pace_fps=cfg.source.fps,
             reopen_backoff_s=cfg.source.reopen_backoff_s,
             reopen_backoff_max_s=cfg.source.reopen_backoff_max_s,

@@ -67,11 +67,13 @@ class Letterbox:
 class Preprocessor:
     """Writes one BGR frame into one model input tensor; owns its scratch buffers.
 
-    Used from the preprocess thread only, so the scratch buffers are shared by
-    every frame; the output goes into the slot's own tensor.
+    Used from one thread at a time, so the scratch buffers are shared by every
+    frame; the output goes into the slot's own tensor. Each extra worker thread
+    gets its own ``clone``.
     """
 
     def __init__(self, spec: PreprocessSpec, input_spec: TensorSpec, src_w: int, src_h: int) -> None:
+        self._args = (spec, input_spec, src_w, src_h)
         in_h, in_w = input_spec.image_hw
         self.input_spec = input_spec
         self.letterbox = Letterbox(src_w, src_h, in_w, in_h, spec.resize)
@@ -111,6 +113,10 @@ class Preprocessor:
         self._as_float = np.empty((in_h, in_w, 3), np.float32)
         self._transformed = np.empty((in_h, in_w, 3), np.float32)
         self._colour = np.empty((in_h, in_w, 3), np.uint8)
+
+    def clone(self) -> Preprocessor:
+        """The same preprocessing with its own scratch buffers, for another worker thread."""
+        return Preprocessor(*self._args)
 
     def __call__(self, image: np.ndarray, tensor: np.ndarray) -> None:
         """Fill ``tensor`` (shape of the model input, batch 1) from ``image`` (H, W, 3 uint8 BGR)."""

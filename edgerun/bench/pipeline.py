@@ -15,8 +15,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,10 +48,11 @@ def resolve_bundle(model: str | None) -> ModelBundle:
     return load_bundle(model)
 
 
-def open_engine(bundle: ModelBundle, threads: int) -> Engine:
+def open_engine(bundle: ModelBundle, threads: int, replicas: int = 1) -> Engine:
+    """The CPU engine; ``threads``/``replicas`` 0 take the node's automatic layout."""
     path = bundle.variant_path("tflite")
     assert path is not None
-    return engine_class("tflite")(path, EngineOptions(num_threads=threads))
+    return engine_class("tflite")(path, EngineOptions(num_threads=threads, replicas=replicas))
 
 
 def make_decoder(bundle: ModelBundle, engine: Engine) -> Decoder:
@@ -103,6 +106,19 @@ def _bare_rate(bundle: ModelBundle, threads: int, seconds: float) -> tuple[float
         engine.close()
 
 
+def _replicas_rate(bundle: ModelBundle, seconds: float) -> float:
+    """``invoke()`` of the node's default engine layout on fixed tensors, every replica busy at once."""
+    engine = open_engine(bundle, 0, 0)
+    tensors = [engine.allocate_input() for _ in range(engine.concurrent_calls)]
+    for tensor in tensors:
+        tensor[...] = 0.25
+    outputs = [engine.allocate_outputs() for _ in tensors]
+    try:
+        return side_by_side_rate([partial(engine.infer, t, o) for t, o in zip(tensors, outputs)], seconds)
+    finally:
+        engine.close()
+
+
 def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, seconds: float) -> float:
     pre = bundle.manifest.preprocess
     mean = np.asarray(pre.mean, np.float32)
@@ -139,14 +155,44 @@ def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, secon
         engine.close()
 
 
-def bench_stages(bundle: ModelBundle, source: Source, threads: int, seconds: float) -> dict[str, Any]:
-    """Each stage alone, on its own thread, so the pipeline can be compared with its slowest stage."""
-    engine = open_engine(bundle, threads)
+def side_by_side_rate(calls: list[Callable[[], None]], seconds: float) -> float:
+    """Calls per second of all ``calls`` run at once, each looping on its own thread."""
+    counts = [0] * len(calls)
+    start = threading.Barrier(len(calls) + 1)
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        calls[i]()  # warm-up
+        start.wait()
+        while not stop.is_set():
+            calls[i]()
+            counts[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    done = sum(counts)
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    return done / elapsed
+
+
+def bench_stages(bundle: ModelBundle, source: Source, seconds: float) -> dict[str, Any]:
+    """Each stage alone, laid out as the node runs it, so the pipeline can be compared with its slowest stage.
+
+    Capture is one thread; preprocess, infer and decode run on as many threads
+    side by side as the pipeline has workers (one per interpreter replica).
+    """
+    engine = open_engine(bundle, 0, 0)
+    workers = engine.concurrent_calls
     decoder = make_decoder(bundle, engine)
     pre = Preprocessor(bundle.manifest.preprocess, engine.input_spec, source.width, source.height)
     image = np.zeros((source.height, source.width, 3), np.uint8)
-    tensor = engine.allocate_input()
-    outputs = engine.allocate_outputs()
     seq = [0]
 
     def capture() -> None:
@@ -154,19 +200,26 @@ def bench_stages(bundle: ModelBundle, source: Source, threads: int, seconds: flo
         seq[0] += 1
 
     capture()
-    pre(image, tensor)
-    engine.infer(tensor, outputs)
+    pres = [pre] + [pre.clone() for _ in range(workers - 1)]
+    decoders = [decoder] + [decoder.clone() for _ in range(workers - 1)]
+    tensors = [engine.allocate_input() for _ in range(workers)]
+    outputs = [engine.allocate_outputs() for _ in range(workers)]
+    for i in range(workers):
+        pres[i](image, tensors[i])
+        engine.infer(tensors[i], outputs[i])
+    per_worker = range(workers)
     rates = {
         "capture": timed_rate(capture, seconds)[0],
-        "preprocess": timed_rate(lambda: pre(image, tensor), seconds)[0],
-        "infer": timed_rate(lambda: engine.infer(tensor, outputs), seconds)[0],
-        "decode": timed_rate(lambda: decoder.decode(outputs), seconds)[0],
+        "preprocess": side_by_side_rate([partial(pres[i], image, tensors[i]) for i in per_worker], seconds),
+        "infer": side_by_side_rate([partial(engine.infer, tensors[i], outputs[i]) for i in per_worker], seconds),
+        "decode": side_by_side_rate([partial(decoders[i].decode, outputs[i]) for i in per_worker], seconds),
     }
-    large = count_large_allocs(capture, pre, engine, decoder, image, tensor, outputs, frames=60)
+    large = count_large_allocs(capture, pre, engine, decoder, image, tensors[0], outputs[0], frames=60)
     engine.close()
     bottleneck = min(rates, key=lambda k: rates[k])
     return {
         "stage_fps": {k: round(v, 2) for k, v in rates.items()},
+        "stage_workers": workers,
         "bottleneck_stage": bottleneck,
         "bottleneck_fps": round(rates[bottleneck], 2),
         "large_allocs_per_frame": large,
@@ -215,16 +268,19 @@ def count_large_allocs(
 def run_pipeline(
     bundle: ModelBundle,
     source: Source,
-    threads: int,
+    layout: tuple[int, int],
     seconds: float,
     policy: str,
     pace_fps: float = 0.0,
     stage_threads: str = "auto",
 ) -> dict[str, Any]:
-    """The pipeline as the node runs it: stage threads, batches into an asyncio loop, JSON encoded there."""
+    """The pipeline as the node runs it: stage threads, batches into an asyncio loop, JSON encoded there.
+
+    ``layout`` is (threads per interpreter, replicas); (0, 0) is the node's default.
+    """
     import msgspec
 
-    engine = open_engine(bundle, threads)
+    engine = open_engine(bundle, *layout)
     decoder = make_decoder(bundle, engine)
     pre = Preprocessor(bundle.manifest.preprocess, engine.input_spec, source.width, source.height)
     stats = PipelineStats()
@@ -368,24 +424,28 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         threads = range(1, cores + 1)
         bare_sweep = {t: round(_bare_rate(bundle, t, sweep_s)[0], 2) for t in threads}
         naive_sweep = {t: round(_naive_rate(bundle, clip, t, sweep_s), 2) for t in threads}
-        # The pipeline as the node runs it by default: one interpreter thread per core, stage_threads "auto".
-        # The sweep also shows the other layouts, for the record.
+        # Every engine layout (threads per interpreter x replicas) in both stage layouts, for the record;
+        # the node's default is (0, 0): one single-threaded replica per core, stages fused.
+        layouts = [(t, r) for t in threads for r in range(1, cores // t + 1)]
         pipe_sweep = {
-            f"{t}-{mode}": run_pipeline(bundle, source, t, sweep_s + 1.0, policy="block", stage_threads=mode)["fps"]
-            for t in threads
+            f"{t}x{r}-{mode}": run_pipeline(bundle, source, (t, r), sweep_s + 1.0, "block", stage_threads=mode)["fps"]
+            for t, r in layouts
             for mode in ("separate", "fused")
         }
         bare_t = max(bare_sweep, key=bare_sweep.__getitem__)
         naive_t = max(naive_sweep, key=naive_sweep.__getitem__)
-        pipe_t = cores
+        auto = open_engine(bundle, 0, 0)
+        pipe_layout = (auto.num_threads, auto.replicas)
+        auto.close()
         result["threads_sweep_fps"] = {"bare": bare_sweep, "naive": naive_sweep, "pipeline": pipe_sweep}
-        bare, medians, naive, pipe, pipe_p50 = [], [], [], [], []
+        bare, medians, replicas, naive, pipe, pipe_p50 = [], [], [], [], [], []
         for _ in range(rounds):
             fps, median = _bare_rate(bundle, bare_t, round_s)
             bare.append(fps)
             medians.append(median * 1000)
+            replicas.append(_replicas_rate(bundle, round_s))
             naive.append(_naive_rate(bundle, clip, naive_t, round_s))
-            run = run_pipeline(bundle, source, pipe_t, round_s + 1.0, policy="block")
+            run = run_pipeline(bundle, source, (0, 0), round_s + 1.0, policy="block")
             pipe.append(run["fps"])
             pipe_p50.append(run["latency_p50_ms"])
         result.update(
@@ -393,25 +453,27 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
                 "bare_invoke_fps": _median(bare),
                 "median_invoke_ms": round(float(np.median(medians)), 3),
                 "bare_threads": bare_t,
+                "replicas_invoke_fps": _median(replicas),
                 "naive_fps": _median(naive),
                 "naive_threads": naive_t,
                 "pipeline_fps": _median(pipe),
-                "pipeline_threads": pipe_t,
+                "pipeline_layout": f"{pipe_layout[0]}x{pipe_layout[1]}",
                 "pipeline_block_latency_p50_ms": _median(pipe_p50),
                 "rounds": {
                     "bare": [round(x, 2) for x in bare],
+                    "replicas": [round(x, 2) for x in replicas],
                     "naive": [round(x, 2) for x in naive],
                     "pipeline": pipe,
                 },
             }
         )
-        result.update(bench_stages(bundle, source, pipe_t, max(1.0, seconds / 4)))
+        result.update(bench_stages(bundle, source, max(1.0, seconds / 4)))
         result["bottleneck_efficiency"] = round(result["pipeline_fps"] / result["bottleneck_fps"], 3)
         result["pipeline_vs_bare"] = round(result["pipeline_fps"] / result["bare_invoke_fps"], 3)
         result["pipeline_vs_naive"] = round(result["pipeline_fps"] / result["naive_fps"], 3)
         # Overload: a live camera at twice what the model can do; drop_oldest keeps latency bounded.
         overload = run_pipeline(
-            bundle, source, pipe_t, seconds, policy="drop_oldest", pace_fps=2 * result["bare_invoke_fps"]
+            bundle, source, (0, 0), seconds, policy="drop_oldest", pace_fps=2 * result["bare_invoke_fps"]
         )
         result["overload_source_fps"] = round(2 * result["bare_invoke_fps"], 2)
         result["overload_fps"] = overload["fps"]
@@ -428,6 +490,7 @@ TABLE_COLUMNS = (
     ("model", "model"),
     ("bare_invoke_fps", "bare fps"),
     ("median_invoke_ms", "invoke ms"),
+    ("replicas_invoke_fps", "replicas fps"),
     ("naive_fps", "naive fps"),
     ("pipeline_fps", "pipeline fps"),
     ("pipeline_vs_bare", "pipe/bare"),

@@ -26,6 +26,10 @@ class Decoder(ABC):
         self.input_spec = input_spec
         self.output_specs = output_specs
 
+    def clone(self) -> Decoder:
+        """An independent decoder for another worker thread (decoders keep per-call scratch buffers)."""
+        return type(self)(self.params, self.input_spec, self.output_specs)
+
     @abstractmethod
     def decode(self, outputs: list[np.ndarray]) -> Detections:
         """Detections in normalised model-input coordinates."""

@@ -52,12 +52,18 @@ class EngineOptions:
     """Back-end-neutral settings handed to every engine."""
 
     num_threads: int = 0  # 0: the back end's own choice (usually all cores)
+    replicas: int = 0  # CPU back ends: model instances run side by side; 0: the back end's choice
     device: str = ""  # back-end device selector: "usb:0", "pci:0", "cuda:0", ...
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine(ABC):
-    """One loaded model on one back end. ``infer`` is called from one thread only."""
+    """One loaded model on one back end.
+
+    ``infer`` may be called from up to ``concurrent_calls`` threads at once; the
+    pipeline serialises calls to an engine that says 1 (most drivers' execution
+    contexts are not thread-safe).
+    """
 
     KEY: ClassVar[str]
     input_spec: TensorSpec
@@ -65,6 +71,7 @@ class Engine(ABC):
     # CPU threads the back end computes on; the pipeline fuses its stages onto one
     # thread when this covers every core (0: an accelerator does the work).
     cpu_threads: int = 0
+    concurrent_calls: int = 1
 
     def __init__(self, model_path: Path, options: EngineOptions) -> None:
         self.model_path = Path(model_path)

@@ -318,6 +318,16 @@ class Failover:
             since = self._fallback_since
             return self._fallback_total_s + (time.monotonic() - since if since is not None else 0.0)
 
+    def concurrency(self) -> int:
+        """Infer calls the open candidates take at once, the most of any: the pipeline's worker count.
+
+        Sized for the CPU last resort's replicas too, so a failover from an
+        accelerator lands on a pipeline that keeps every fallback replica busy.
+        """
+        with self._lock:
+            open_engines = [c.runtime.engine for c in self.candidates if c.runtime is not None]
+        return max([1, *(int(getattr(e, "concurrent_calls", 1)) for e in open_engines)])
+
     def describe(self) -> dict[str, Any]:
         with self._lock:
             return {

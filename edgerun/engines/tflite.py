@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,30 @@ def _spec(detail: dict[str, Any], image: bool) -> TensorSpec:
     )
 
 
+class _Lane:
+    """One interpreter and its tensor indices; used by one infer call at a time."""
+
+    __slots__ = ("interp", "input_index", "output_indices")
+
+    def __init__(self, interp: Any) -> None:
+        self.interp = interp
+        inputs = interp.get_input_details()
+        self.input_index = int(inputs[0]["index"]) if inputs else -1  # the engine rejects models without one
+        self.output_indices = [int(d["index"]) for d in interp.get_output_details()]
+
+    def run(self, tensor: np.ndarray, outputs: list[np.ndarray] | None) -> list[np.ndarray]:
+        interp = self.interp
+        interp.set_tensor(self.input_index, tensor)
+        interp.invoke()
+        if outputs is None:
+            return [interp.get_tensor(i) for i in self.output_indices]
+        for index, out in zip(self.output_indices, outputs):
+            # tensor() is a view into the interpreter; copy out at once and drop
+            # the view, since invoke() refuses to run while views are alive.
+            np.copyto(out, interp.tensor(index)())
+        return outputs
+
+
 class TFLiteEngine(Engine):
     """A .tflite model on the CPU; XNNPACK accelerates float and int8 kernels."""
 
@@ -61,45 +86,74 @@ class TFLiteEngine(Engine):
             raise ModelError(f"model file {self.model_path} not found")
         module = tflite_module()
         delegates = self._delegates(module)
-        threads = options.num_threads or (os.cpu_count() or 1)
-        try:
-            self._interp = module.Interpreter(
-                model_path=str(self.model_path),
-                num_threads=threads,
-                experimental_delegates=delegates or None,
-            )
-            self._interp.allocate_tensors()
-        except (ValueError, RuntimeError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ModelError(f"{self.model_path}: not a loadable TFLite model ({first})") from None
+        threads, replicas = self._layout(options)
+        # Replicas after the first share nothing but the model file; delegates are per interpreter
+        # and an accelerator has one device, so only the CPU engine makes more than one.
+        self._lanes = [self._open_interpreter(module, threads, delegates) for _ in range(replicas)]
+        self._interp = self._lanes[0].interp  # the first replica, for callers that want the raw interpreter
         inputs = self._interp.get_input_details()
         if len(inputs) != 1:
             raise ModelError(f"{self.model_path}: expected 1 input tensor, found {len(inputs)}")
         self.input_spec = _spec(inputs[0], image=True)
-        self._input_index = int(inputs[0]["index"])
-        outputs = self._interp.get_output_details()
-        self.output_specs = [_spec(d, image=False) for d in outputs]
-        self._output_indices = [int(d["index"]) for d in outputs]
+        self.output_specs = [_spec(d, image=False) for d in self._interp.get_output_details()]
+        # Free replicas, most recently used last: a lone caller keeps reusing one warm interpreter.
+        self._free = list(self._lanes)
+        self._free_cond = threading.Condition(threading.Lock())
         self.num_threads = threads
-        self.cpu_threads = threads
+        self.replicas = replicas
+        self.cpu_threads = threads * replicas
+        self.concurrent_calls = replicas
+
+    def _layout(self, options: EngineOptions) -> tuple[int, int]:
+        """(threads per interpreter, interpreters) for this host.
+
+        Auto picks single-threaded interpreters side by side, one per core: in a
+        pipeline the other stages keep preempting one of a multi-threaded
+        interpreter's threads, and its kernels wait for the slowest thread at
+        every layer, while independent interpreters only slow down the one that
+        lost its core (see README, Benchmarks: 2 x 1 against 1 x 2).
+        """
+        cores = os.cpu_count() or 1
+        threads, replicas = options.num_threads, options.replicas
+        if threads and replicas:
+            return threads, replicas
+        if replicas:
+            return max(1, cores // replicas), replicas
+        if threads:
+            return threads, max(1, cores // threads)
+        return 1, cores
+
+    def _open_interpreter(self, module: Any, threads: int, delegates: list[Any]) -> _Lane:
+        try:
+            interp = module.Interpreter(
+                model_path=str(self.model_path),
+                num_threads=threads,
+                experimental_delegates=delegates or None,
+            )
+            interp.allocate_tensors()
+        except (ValueError, RuntimeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelError(f"{self.model_path}: not a loadable TFLite model ({first})") from None
+        return _Lane(interp)
 
     def _delegates(self, module: Any) -> list[Any]:
         return []
 
     def infer(self, tensor: np.ndarray, outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        interp = self._interp
-        interp.set_tensor(self._input_index, tensor)
-        interp.invoke()
-        if outputs is None:
-            return [interp.get_tensor(i) for i in self._output_indices]
-        for index, out in zip(self._output_indices, outputs):
-            # tensor() is a view into the interpreter; copy out at once and drop
-            # the view, since invoke() refuses to run while views are alive.
-            np.copyto(out, interp.tensor(index)())
-        return outputs
+        with self._free_cond:
+            while not self._free:
+                self._free_cond.wait()
+            lane = self._free.pop()
+        try:
+            return lane.run(tensor, outputs)
+        finally:
+            with self._free_cond:
+                self._free.append(lane)
+                self._free_cond.notify()
 
     def close(self) -> None:
         self._interp = None  # type: ignore[assignment]
+        self._lanes = self._free = []
 
 
 class EdgeTPUEngine(TFLiteEngine):
@@ -110,6 +164,9 @@ class EdgeTPUEngine(TFLiteEngine):
     def __init__(self, model_path: Path, options: EngineOptions) -> None:
         super().__init__(model_path, options)
         self.cpu_threads = 0  # the TPU computes; the CPU only feeds it
+
+    def _layout(self, options: EngineOptions) -> tuple[int, int]:
+        return options.num_threads or (os.cpu_count() or 1), 1  # one device, one interpreter
 
     def _delegates(self, module: Any) -> list[Any]:
         delegate_options = {"device": self.options.device} if self.options.device else {}

@@ -46,6 +46,7 @@ class FrameSlot:
     t_preprocessed: float = 0.0
     t_inferred: float = 0.0
     engine_key: str = ""
+    ticket: int = -1  # output order, given when a worker takes the frame; -1 before
     # Keyed by the runtime object itself (not id()), so a dead runtime's id cannot be reused.
     _buffers: dict[Any, tuple[np.ndarray, list[np.ndarray]]] = field(default_factory=dict)
 
@@ -83,6 +84,7 @@ class FramePool:
     def release(self, slot: FrameSlot) -> None:
         slot.meta = None
         slot.runtime = None
+        slot.ticket = -1
         with self._cond:
             self._free.append(slot)
             self._cond.notify()

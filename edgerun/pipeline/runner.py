@@ -84,6 +84,9 @@ class PipelineSettings:
     # thread. "auto": fused when the engine already runs CPU threads on every core,
     # where overlapping stages only steals cores from the interpreter (see README, Benchmarks).
     stage_threads: str = "auto"
+    # Frames worked on at once: fused workers, or infer threads in the separate layout.
+    # 0: as many as the engine takes concurrent calls (its CPU replicas).
+    workers: int = 0
 
 
 def engine_cpu_threads(engine: object) -> int:
@@ -107,16 +110,73 @@ class ModelRuntime:
     two frames (failover to another back end, an OTA model update). A frame
     keeps the runtime it was preprocessed for until it is decoded, so frames in
     flight during a swap finish on the model they were prepared for.
+
+    Preprocessors and decoders keep scratch buffers, so each worker thread uses
+    its own copy (``ensure_workers``); index 0 is the one made by the caller.
     """
 
     def __init__(self, engine: Engine, preprocessor: Preprocessor, decoder: Decoder, model: ModelInfo) -> None:
         self.engine = engine
-        self.preprocessor = preprocessor
-        self.decoder = decoder
+        self.preprocessors = [preprocessor]
+        self.decoders = [decoder]
         self.model = model
+        # Engines that take one call at a time are entered under this lock when
+        # several infer threads share them (None: the engine takes concurrent calls).
+        self.serial = threading.Lock() if getattr(engine, "concurrent_calls", 1) <= 1 else None
+
+    @property
+    def preprocessor(self) -> Preprocessor:
+        return self.preprocessors[0]
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.decoders[0]
+
+    def ensure_workers(self, count: int) -> None:
+        """Per-worker preprocessors and decoders for ``count`` worker threads (made once, before use)."""
+        while len(self.preprocessors) < count:
+            self.preprocessors.append(self.preprocessors[0].clone())
+        while len(self.decoders) < count:
+            self.decoders.append(self.decoders[0].clone())
 
     def __repr__(self) -> str:
         return f"ModelRuntime({self.model.name} v{self.model.version} on {self.engine.KEY})"
+
+
+class InOrder:
+    """Hands finished batches on in the order their frames were taken, whichever worker finished first.
+
+    Several workers finish frames out of order; consumers (trackers, gossip
+    dedup, anyone reading the JSONL) expect frame order. Every frame that got a
+    ticket must be finished, with ``None`` when it was lost.
+    """
+
+    def __init__(self, emit: Callable[[DetectionBatch], None]) -> None:
+        self._emit = emit
+        self._lock = threading.Lock()
+        self._next_ticket = 0
+        self._issued = 0
+        self._waiting: dict[int, DetectionBatch | None] = {}
+
+    def ticket(self) -> int:
+        """The next ticket; callers issue tickets from one thread or under their own lock."""
+        ticket = self._issued
+        self._issued += 1
+        return ticket
+
+    def finish(self, ticket: int, batch: DetectionBatch | None) -> None:
+        with self._lock:
+            if ticket != self._next_ticket:
+                self._waiting[ticket] = batch
+                return
+            if batch is not None:
+                self._emit(batch)
+            self._next_ticket += 1
+            while self._next_ticket in self._waiting:  # the ones that finished early
+                held = self._waiting.pop(self._next_ticket)
+                if held is not None:
+                    self._emit(held)
+                self._next_ticket += 1
 
 
 class Snapshot:
@@ -166,9 +226,15 @@ class Pipeline:
         self.infer_guard = infer_guard
         self.stats = stats or PipelineStats()
         self.snapshot = Snapshot(settings.snapshot_interval_s)
+        self.workers = settings.workers or max(1, int(getattr(runtime.engine, "concurrent_calls", 1)))
+        runtime.ensure_workers(self.workers)
+        self._in_order = InOrder(lambda batch: self.on_batch(batch))  # on_batch may be replaced later
+        self._take_lock = threading.Lock()  # fused workers take a frame and its ticket together
+        self._running_workers = self.workers
+        self._workers_lock = threading.Lock()
         depth = settings.queue_depth
         # Every slot a stage can hold or a hand-off can queue, plus one so capture never waits on the pool.
-        size = 4 + 3 * depth + 1
+        size = 4 + 2 * (self.workers - 1) + 3 * depth + 1
         self.pool = FramePool(size, self._make_slot)
         self._to_preprocess = Handoff(depth, settings.policy, self._dropped_at("capture"))
         self._to_infer = Handoff(depth, BLOCK, self._dropped_at("preprocess"))
@@ -194,6 +260,7 @@ class Pipeline:
         Tensor buffers for ``new`` are made here, before the swap, so the frame
         path never allocates. Call ``retire`` before closing the old engine.
         """
+        new.ensure_workers(self.workers)
         for slot in self.pool.slots:
             slot.buffers_for(new)
         old, self.runtime = self.runtime, new
@@ -213,7 +280,10 @@ class Pipeline:
     def _dropped_at(self, stage: str) -> Callable[[FrameSlot, str], None]:
         def on_drop(slot: FrameSlot, reason: str) -> None:
             self.stats.drop(stage, reason)
+            ticket = slot.ticket
             self.pool.release(slot)
+            if ticket >= 0:
+                self._in_order.finish(ticket, None)
 
         return on_drop
 
@@ -223,15 +293,15 @@ class Pipeline:
         """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source."""
         self._source_open = source_open
         stages: tuple[tuple[str, Callable[[], None]], ...]
+        workers = range(self.workers)
+        numbered = self.workers > 1
+        stages: list[tuple[str, Callable[[], None]]] = [("capture", self._capture_loop)]
         if self.fused:
-            stages = (("capture", self._capture_loop), ("worker", self._fused_loop))
+            stages += [(f"worker{i}" if numbered else "worker", self._worker(self._fused_loop, i)) for i in workers]
         else:
-            stages = (
-                ("capture", self._capture_loop),
-                ("preprocess", self._preprocess_loop),
-                ("infer", self._infer_loop),
-                ("decode", self._decode_loop),
-            )
+            stages.append(("preprocess", self._preprocess_loop))
+            stages += [(f"infer{i}" if numbered else "infer", self._worker(self._infer_loop, i)) for i in workers]
+            stages.append(("decode", self._decode_loop))
         for name, target in stages:
             # Daemon threads: a driver that hangs inside infer must not keep the process alive at exit.
             thread = threading.Thread(target=self._guard(name, target), name=f"edgerun-{name}", daemon=True)
@@ -250,10 +320,19 @@ class Pipeline:
                 self._stop.set()
                 for handoff in (self._to_preprocess, self._to_infer, self._to_decode):
                     handoff.close()
-                if name in ("decode", "worker"):
+                if name == "decode" or name.startswith("worker"):
                     self.finished.set()
 
         return run
+
+    def _worker(self, loop: Callable[[int], None], index: int) -> Callable[[], None]:
+        return lambda: loop(index)
+
+    def _last_worker_out(self) -> bool:
+        """Called as each worker ends; True for the last one (it closes what follows)."""
+        with self._workers_lock:
+            self._running_workers -= 1
+            return self._running_workers == 0
 
     def stop(self) -> None:
         """Stop capturing; frames already captured still flow through to ``on_batch``."""
@@ -329,44 +408,57 @@ class Pipeline:
 
     # Per-frame steps, shared by the separate stage threads and the fused worker.
 
-    def _preprocess_one(self, slot: FrameSlot) -> None:
+    def _preprocess_one(self, slot: FrameSlot, worker: int) -> None:
         t0 = time.monotonic()
         slot.bind(self.runtime)  # read once: a swap takes effect between frames
-        slot.runtime.preprocessor(slot.image, slot.tensor)
+        slot.runtime.preprocessors[worker](slot.image, slot.tensor)
         slot.t_preprocessed = t1 = time.monotonic()
-        self.stats.stages["preprocess"].record(t1 - t0)
+        with self.stats.lock:
+            self.stats.stages["preprocess"].record(t1 - t0)
 
     def _infer_one(self, slot: FrameSlot) -> bool:
         """Run the model; False when the frame was lost (counted, slot released)."""
         stats = self.stats
-        engine = slot.runtime.engine
+        runtime = slot.runtime
+        engine = runtime.engine
         guard = self.infer_guard
         t0 = time.monotonic()
         try:
-            if guard is None:
-                engine.infer(slot.tensor, slot.outputs)
-            else:
-                guard.infer(slot.runtime, slot.tensor, slot.outputs)
+            if runtime.serial is not None:
+                runtime.serial.acquire()
+            try:
+                if guard is None:
+                    engine.infer(slot.tensor, slot.outputs)
+                else:
+                    guard.infer(runtime, slot.tensor, slot.outputs)
+            finally:
+                if runtime.serial is not None:
+                    runtime.serial.release()
         except FrameLost as lost:
-            stats.drop("infer", lost.reason)
-            self.pool.release(slot)
+            self._lose(slot, lost.reason)
             return False
         except Exception as err:
-            stats.drop("infer", "error")
-            self.pool.release(slot)
+            self._lose(slot, "error")
             self._log_infer_error(err)
             return False
         slot.t_inferred = t1 = time.monotonic()
         slot.engine_key = engine.KEY
-        stats.stages["infer"].record(t1 - t0)
-        stats.inferred += 1
-        stats.last_inference = t1
+        with stats.lock:
+            stats.stages["infer"].record(t1 - t0)
+            stats.inferred += 1
+            stats.last_inference = t1
         return True
 
-    def _decode_one(self, slot: FrameSlot) -> None:
+    def _lose(self, slot: FrameSlot, reason: str) -> None:
+        self.stats.drop("infer", reason)
+        ticket = slot.ticket
+        self.pool.release(slot)
+        self._in_order.finish(ticket, None)
+
+    def _decode_one(self, slot: FrameSlot, worker: int) -> None:
         t0 = time.monotonic()
         runtime = slot.runtime
-        decoder, model, letterbox = runtime.decoder, runtime.model, runtime.preprocessor.letterbox
+        decoder, model, letterbox = runtime.decoders[worker], runtime.model, runtime.preprocessor.letterbox
         detections = decoder.decode(slot.outputs)
         letterbox.boxes_to_source(detections.boxes)
         if detections.keypoints is not None:
@@ -385,12 +477,15 @@ class Pipeline:
         )
         t1 = time.monotonic()
         batch.stamps["decoded"] = t1
-        self.stats.stages["decode"].record(t1 - t0)
-        self.stats.detections += len(detections)
+        stats = self.stats
+        with stats.lock:
+            stats.stages["decode"].record(t1 - t0)
+            stats.detections += len(detections)
         if self.snapshot.due(t1):
             self.snapshot.take(slot, batch, t1)
+        ticket = slot.ticket
         self.pool.release(slot)
-        self.on_batch(batch)
+        self._in_order.finish(ticket, batch)
 
     # Stage loops. Each waits for room downstream before taking its next input.
 
@@ -401,12 +496,13 @@ class Pipeline:
                 slot = inp.get()
                 if slot is None:
                     break
-                self._preprocess_one(slot)
+                slot.ticket = self._in_order.ticket()
+                self._preprocess_one(slot, 0)
                 out.put(slot)
         finally:
             out.close()
 
-    def _infer_loop(self) -> None:
+    def _infer_loop(self, worker: int) -> None:
         inp, out = self._to_infer, self._to_decode
         try:
             while out.wait_for_room():
@@ -416,7 +512,8 @@ class Pipeline:
                 if self._infer_one(slot):
                     out.put(slot)
         finally:
-            out.close()
+            if self._last_worker_out():
+                out.close()
 
     def _log_infer_error(self, err: Exception) -> None:
         count = self.stats.dropped[("infer", "error")]
@@ -429,17 +526,23 @@ class Pipeline:
         inp = self._to_decode
         try:
             while (slot := inp.get()) is not None:
-                self._decode_one(slot)
+                self._decode_one(slot, 0)
         finally:
             self.finished.set()
 
-    def _fused_loop(self) -> None:
-        """Preprocess, infer and decode on one thread (see ``fused_stages``)."""
+    def _fused_loop(self, worker: int) -> None:
+        """Preprocess, infer and decode a whole frame on one thread; ``workers`` of these run side by side."""
         inp = self._to_preprocess
         try:
-            while (slot := inp.get()) is not None:
-                self._preprocess_one(slot)
+            while True:
+                with self._take_lock:  # tickets in the order frames leave the hand-off
+                    slot = inp.get()
+                    if slot is None:
+                        break
+                    slot.ticket = self._in_order.ticket()
+                self._preprocess_one(slot, worker)
                 if self._infer_one(slot):
-                    self._decode_one(slot)
+                    self._decode_one(slot, worker)
         finally:
-            self.finished.set()
+            if self._last_worker_out():
+                self.finished.set()

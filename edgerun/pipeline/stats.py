@@ -1,8 +1,9 @@
 """Counters and latency histograms that stage threads update and /metrics reads.
 
-Updates are a few integer and float stores per frame with no lock: each
-counter has a single writer thread, and a scrape that reads a value one frame
-stale is fine. Percentiles come from a fixed ring of recent samples.
+Updates are a few integer and float stores per frame. Counters with a single
+writer thread take no lock; those that several worker threads write
+(preprocess, infer, decode) are updated under ``PipelineStats.lock``. A scrape
+reads without locking: a value one frame stale is fine. Percentiles come from a fixed ring of recent samples.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class PipelineStats:
         # (stage, reason) -> frames dropped there for that reason.
         self.dropped: collections.Counter[tuple[str, str]] = collections.Counter()
         self._drop_lock = threading.Lock()  # several threads drop frames
+        # Held while recording infer and decode: several worker threads may write those.
+        self.lock = threading.Lock()
         self.end_to_end = LatencyHistogram()  # capture -> handed to the sinks
         self.last_inference = 0.0  # monotonic; 0 until the first frame
 

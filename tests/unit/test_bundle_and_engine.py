@@ -3,7 +3,9 @@ from __future__ import annotations
 import io
 import shutil
 import tarfile
+import threading
 
+import cv2
 import numpy as np
 import pytest
 
@@ -84,6 +86,44 @@ def test_tflite_engine_specs_and_inference(pose_tflite):
     fresh = engine.infer(tensor)
     for a, b in zip(outputs, fresh):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("threads", "replicas", "want"),
+    [(0, 0, (1, 4)), (2, 0, (2, 2)), (3, 0, (3, 1)), (0, 2, (2, 2)), (2, 3, (2, 3))],
+)
+def test_tflite_engine_cpu_layout(pose_tflite, monkeypatch, threads, replicas, want):
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    engine = engine_class("tflite")(pose_tflite, EngineOptions(num_threads=threads, replicas=replicas))
+    assert (engine.num_threads, engine.replicas) == want
+    assert engine.cpu_threads == want[0] * want[1]
+    assert engine.concurrent_calls == want[1]
+
+
+def test_tflite_replicas_answer_concurrent_calls_like_one_interpreter(blazeface_tflite, astronaut_rgb):
+    """Two threads hammer a two-replica engine with different inputs; every answer matches the serial one."""
+    single = engine_class("tflite")(blazeface_tflite, EngineOptions(num_threads=1, replicas=1))
+    double = engine_class("tflite")(blazeface_tflite, EngineOptions(num_threads=1, replicas=2))
+    h, w = single.input_spec.image_hw
+    photo = cv2.resize(astronaut_rgb, (w, h)).astype(np.float32) / 127.5 - 1.0
+    inputs = [photo[None], np.zeros_like(photo)[None]]  # a face, and nothing
+    expected = [single.infer(x) for x in inputs]
+    mismatches: list[int] = []
+
+    def hammer(which: int) -> None:
+        outputs = double.allocate_outputs()
+        for _ in range(100):
+            double.infer(inputs[which], outputs)
+            if not all(np.array_equal(a, b) for a, b in zip(outputs, expected[which])):
+                mismatches.append(which)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches
+    assert not all(np.array_equal(a, b) for a, b in zip(expected[0], expected[1]))  # the inputs differ
 
 
 def test_corrupt_and_missing_models_are_model_errors(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from edgerun.config import SourceConfig
 from edgerun.engines.base import EngineOptions, engine_class
 from edgerun.node import build_runtime
-from edgerun.pipeline.runner import Pipeline, PipelineSettings
+from edgerun.pipeline.runner import InOrder, Pipeline, PipelineSettings
 from edgerun.sources import make_source
 
 
@@ -63,12 +64,14 @@ def run(pipeline: Pipeline, seconds: float | None = None) -> list:
     return got
 
 
-def make(bundle, photo_dir, *, loop=False, delay=0.0, fps=0.0, **settings) -> Pipeline:
+def make(bundle, photo_dir, *, loop=False, delay=0.0, fps=0.0, replicas=1, wrap=None, **settings) -> Pipeline:
     source = make_source(SourceConfig(kind="images", path=str(photo_dir), preload=True, loop=loop, fps=fps))
     source.open()
-    engine = engine_class("tflite")(bundle.variant_path("tflite"), EngineOptions(num_threads=1))
+    engine = engine_class("tflite")(bundle.variant_path("tflite"), EngineOptions(num_threads=1, replicas=replicas))
     if delay:
         engine = SlowEngine(engine, delay)
+    if wrap:
+        engine = wrap(engine)
     runtime = build_runtime(bundle, engine, (source.width, source.height))
     return Pipeline(
         node_id="t",
@@ -79,10 +82,12 @@ def make(bundle, photo_dir, *, loop=False, delay=0.0, fps=0.0, **settings) -> Pi
     )
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("layout", ["separate", "fused"])
-def test_block_delivers_every_frame_in_order(blazeface_bundle, photo_dir, layout):
-    p = make(blazeface_bundle, photo_dir, policy="block", stage_threads=layout)
+def test_block_delivers_every_frame_in_order(blazeface_bundle, photo_dir, layout, workers):
+    p = make(blazeface_bundle, photo_dir, policy="block", stage_threads=layout, replicas=workers)
     assert p.fused is (layout == "fused")
+    assert p.workers == workers  # one worker per interpreter replica
     got = run(p)
     assert [b.meta.seq for b in got] == list(range(12))
     assert p.stats.dropped_total == 0
@@ -92,6 +97,50 @@ def test_block_delivers_every_frame_in_order(blazeface_bundle, photo_dir, layout
     # In source pixels: the astronaut photo is 512x512 and her face is near the top middle.
     assert 150 < box[0] < 250 and 40 < box[1] < 120 and 250 < box[2] < 350 and 140 < box[3] < 220
     assert p.pool.free == len(p.pool.slots)  # every slot went back to the pool
+
+
+class JitterEngine(SlowEngine):
+    """Fault injection: every other call is slow, so frames worked on side by side finish out of order."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine, 0.03)
+        self.concurrent_calls = engine.concurrent_calls
+        self._calls = itertools.count()
+        self.finish_order: list[int] = []
+
+    def infer(self, tensor, outputs=None):
+        call = next(self._calls)
+        if call % 2 == 0:
+            time.sleep(self.delay_s)
+        result = self._engine.infer(tensor, outputs)
+        self.finish_order.append(call)
+        return result
+
+
+@pytest.mark.parametrize("layout", ["separate", "fused"])
+def test_workers_finishing_out_of_order_still_publish_in_frame_order(blazeface_bundle, photo_dir, layout):
+    p = make(blazeface_bundle, photo_dir, policy="block", stage_threads=layout, replicas=2, wrap=JitterEngine)
+    assert p.workers == 2
+    got = run(p)
+    engine = p.runtime.engine
+    assert engine.finish_order != sorted(engine.finish_order)  # the workers really did overtake each other
+    assert [b.meta.seq for b in got] == list(range(12))
+
+
+def test_in_order_holds_early_finishers_and_skips_lost_frames():
+    emitted: list = []
+    order = InOrder(emitted.append)
+    tickets = [order.ticket() for _ in range(5)]
+    assert tickets == [0, 1, 2, 3, 4]
+    order.finish(2, "b2")
+    order.finish(1, None)  # lost at infer: never published, but must not hold the others back
+    assert emitted == []  # 0 is still being worked on
+    order.finish(0, "b0")
+    assert emitted == ["b0", "b2"]
+    order.finish(4, "b4")
+    assert emitted == ["b0", "b2"]
+    order.finish(3, "b3")
+    assert emitted == ["b0", "b2", "b3", "b4"]
 
 
 def test_fused_and_separate_agree(blazeface_bundle, photo_dir):
