@@ -12,6 +12,7 @@ import asyncio
 import collections
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -59,6 +60,32 @@ def build_runtime(
     return ModelRuntime(engine, preprocessor, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels))
 
 
+def cpu_engine_layout(cfg: Config, *, fallback: bool) -> tuple[int, int]:
+    """(threads per interpreter, interpreter replicas) for the CPU TFLite engine.
+
+    ``engine.num_threads`` and ``engine.replicas`` win when set. Otherwise
+    (measured: README, Benchmarks):
+
+    * a live camera (``drop_*`` policies) gets one interpreter on every core:
+      a frame's latency is one invoke, the shortest there is;
+    * offline input (``block``: every frame counts, throughput is all) and the
+      CPU fallback behind an accelerator get one single-threaded interpreter
+      per core, each worker taking its own frame. A multi-threaded interpreter
+      waits for its slowest thread at every layer, so the other stage threads
+      preempting one of its threads stall all of it; independent replicas only
+      slow the one that lost its core. The fallback runs beside the separate
+      stage threads laid out for the accelerator, the worst case for that.
+    """
+    cores = os.cpu_count() or 1
+    threads, replicas = cfg.engine.num_threads, cfg.engine.replicas
+    if not replicas:
+        if threads:
+            replicas = max(1, cores // threads) if fallback or cfg.pipeline.policy == "block" else 1
+        else:
+            replicas = cores if fallback or cfg.pipeline.policy == "block" else 1
+    return threads or max(1, cores // replicas), replicas
+
+
 def open_failover(
     cfg: Config,
     bundle: ModelBundle,
@@ -68,15 +95,18 @@ def open_failover(
     on_event: EventCallback | None = None,
 ) -> Failover:
     """The failover controller over ``engine.order`` for ``bundle``; call ``start()`` to open the engines."""
-    options = EngineOptions(
-        num_threads=cfg.engine.num_threads, replicas=cfg.engine.replicas, device=cfg.engine.device
-    )
     order = list(dict.fromkeys([*cfg.engine.order, LAST_RESORT]))
     absent = {key: f"bundle has no {key} variant" for key in order if bundle.variant_path(key) is None}
+    behind_accelerator = any(key != LAST_RESORT and key not in absent for key in order)
 
     def open_runtime(key: str) -> ModelRuntime:
         path = bundle.variant_path(key)
         assert path is not None
+        if key == LAST_RESORT:
+            threads, replicas = cpu_engine_layout(cfg, fallback=behind_accelerator)
+            options = EngineOptions(num_threads=threads, replicas=replicas)
+        else:
+            options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device)
         engine = engine_class(key)(path, options)
         try:
             return build_runtime(bundle, engine, frame_size, cfg.model.score_threshold)

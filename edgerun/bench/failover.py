@@ -93,8 +93,11 @@ def _open_tflite(bundle: ModelBundle, threads: int, replicas: int = 1) -> TFLite
 
 
 def _fallback_engine(bundle: ModelBundle) -> TFLiteEngine:
-    """The CPU last resort as the node opens it: its automatic layout (a single-threaded replica per core)."""
-    return _open_tflite(bundle, 0, 0)
+    """The CPU last resort as the node opens it behind an accelerator (a single-threaded replica per core)."""
+    from edgerun.config import parse_config
+    from edgerun.node import cpu_engine_layout
+
+    return _open_tflite(bundle, *cpu_engine_layout(parse_config({}), fallback=True))
 
 
 def _accelerator(bundle: ModelBundle, plan: FaultPlan, threads: int) -> FaultInjectingEngine:

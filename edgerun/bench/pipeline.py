@@ -48,8 +48,16 @@ def resolve_bundle(model: str | None) -> ModelBundle:
     return load_bundle(model)
 
 
+def node_layout(policy: str) -> tuple[int, int]:
+    """(threads, replicas) the node gives its CPU engine under flow-control ``policy`` with default settings."""
+    from edgerun.config import parse_config
+    from edgerun.node import cpu_engine_layout
+
+    return cpu_engine_layout(parse_config({"pipeline": {"policy": policy}}), fallback=False)
+
+
 def open_engine(bundle: ModelBundle, threads: int, replicas: int = 1) -> Engine:
-    """The CPU engine; ``threads``/``replicas`` 0 take the node's automatic layout."""
+    """The CPU engine: ``replicas`` interpreters of ``threads`` threads (0: cores / replicas)."""
     path = bundle.variant_path("tflite")
     assert path is not None
     return engine_class("tflite")(path, EngineOptions(num_threads=threads, replicas=replicas))
@@ -107,8 +115,8 @@ def _bare_rate(bundle: ModelBundle, threads: int, seconds: float) -> tuple[float
 
 
 def _replicas_rate(bundle: ModelBundle, seconds: float) -> float:
-    """``invoke()`` of the node's default engine layout on fixed tensors, every replica busy at once."""
-    engine = open_engine(bundle, 0, 0)
+    """``invoke()`` of the node's offline engine layout on fixed tensors, every replica busy at once."""
+    engine = open_engine(bundle, *node_layout("block"))
     tensors = [engine.allocate_input() for _ in range(engine.concurrent_calls)]
     for tensor in tensors:
         tensor[...] = 0.25
@@ -186,9 +194,10 @@ def bench_stages(bundle: ModelBundle, source: Source, seconds: float) -> dict[st
     """Each stage alone, laid out as the node runs it, so the pipeline can be compared with its slowest stage.
 
     Capture is one thread; preprocess, infer and decode run on as many threads
-    side by side as the pipeline has workers (one per interpreter replica).
+    side by side as the pipeline has workers (one per interpreter replica),
+    with the engine layout the node uses for offline input (policy block).
     """
-    engine = open_engine(bundle, 0, 0)
+    engine = open_engine(bundle, *node_layout("block"))
     workers = engine.concurrent_calls
     decoder = make_decoder(bundle, engine)
     pre = Preprocessor(bundle.manifest.preprocess, engine.input_spec, source.width, source.height)
@@ -276,7 +285,7 @@ def run_pipeline(
 ) -> dict[str, Any]:
     """The pipeline as the node runs it: stage threads, batches into an asyncio loop, JSON encoded there.
 
-    ``layout`` is (threads per interpreter, replicas); (0, 0) is the node's default.
+    ``layout`` is (threads per interpreter, replicas), see ``node_layout``.
     """
     import msgspec
 
@@ -425,7 +434,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         bare_sweep = {t: round(_bare_rate(bundle, t, sweep_s)[0], 2) for t in threads}
         naive_sweep = {t: round(_naive_rate(bundle, clip, t, sweep_s), 2) for t in threads}
         # Every engine layout (threads per interpreter x replicas) in both stage layouts, for the record;
-        # the node's default is (0, 0): one single-threaded replica per core, stages fused.
+        # with policy block the node runs one single-threaded replica per core, stages fused.
         layouts = [(t, r) for t in threads for r in range(1, cores // t + 1)]
         pipe_sweep = {
             f"{t}x{r}-{mode}": run_pipeline(bundle, source, (t, r), sweep_s + 1.0, "block", stage_threads=mode)["fps"]
@@ -434,9 +443,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         }
         bare_t = max(bare_sweep, key=bare_sweep.__getitem__)
         naive_t = max(naive_sweep, key=naive_sweep.__getitem__)
-        auto = open_engine(bundle, 0, 0)
-        pipe_layout = (auto.num_threads, auto.replicas)
-        auto.close()
+        pipe_layout, live_layout = node_layout("block"), node_layout("drop_oldest")
         result["threads_sweep_fps"] = {"bare": bare_sweep, "naive": naive_sweep, "pipeline": pipe_sweep}
         bare, medians, replicas, naive, pipe, pipe_p50 = [], [], [], [], [], []
         for _ in range(rounds):
@@ -445,7 +452,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
             medians.append(median * 1000)
             replicas.append(_replicas_rate(bundle, round_s))
             naive.append(_naive_rate(bundle, clip, naive_t, round_s))
-            run = run_pipeline(bundle, source, (0, 0), round_s + 1.0, policy="block")
+            run = run_pipeline(bundle, source, pipe_layout, round_s + 1.0, policy="block")
             pipe.append(run["fps"])
             pipe_p50.append(run["latency_p50_ms"])
         result.update(
@@ -472,9 +479,14 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         result["pipeline_vs_bare"] = round(result["pipeline_fps"] / result["bare_invoke_fps"], 3)
         result["pipeline_vs_naive"] = round(result["pipeline_fps"] / result["naive_fps"], 3)
         # Overload: a live camera at twice what the model can do; drop_oldest keeps latency bounded.
-        overload = run_pipeline(
-            bundle, source, (0, 0), seconds, policy="drop_oldest", pace_fps=2 * result["bare_invoke_fps"]
-        )
+        # The node's live layout (one interpreter on every core), and for the record the replicas.
+        pace = 2 * result["bare_invoke_fps"]
+        overload = run_pipeline(bundle, source, live_layout, seconds, policy="drop_oldest", pace_fps=pace)
+        replicas_overload = run_pipeline(bundle, source, pipe_layout, seconds, policy="drop_oldest", pace_fps=pace)
+        result["overload_layout"] = f"{live_layout[0]}x{live_layout[1]}"
+        result["overload_replicas_fps"] = replicas_overload["fps"]
+        result["overload_replicas_p50_latency_ms"] = replicas_overload["latency_p50_ms"]
+        result["overload_replicas_p99_latency_ms"] = replicas_overload["latency_p99_ms"]
         result["overload_source_fps"] = round(2 * result["bare_invoke_fps"], 2)
         result["overload_fps"] = overload["fps"]
         result["overload_p50_latency_ms"] = overload["latency_p50_ms"]

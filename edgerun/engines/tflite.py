@@ -105,23 +105,13 @@ class TFLiteEngine(Engine):
         self.concurrent_calls = replicas
 
     def _layout(self, options: EngineOptions) -> tuple[int, int]:
-        """(threads per interpreter, interpreters) for this host.
+        """(threads per interpreter, interpreters): one interpreter unless asked for more, cores shared out.
 
-        Auto picks single-threaded interpreters side by side, one per core: in a
-        pipeline the other stages keep preempting one of a multi-threaded
-        interpreter's threads, and its kernels wait for the slowest thread at
-        every layer, while independent interpreters only slow down the one that
-        lost its core (see README, Benchmarks: 2 x 1 against 1 x 2).
+        The node chooses replicas for its situation (``edgerun.node.cpu_engine_layout``).
         """
         cores = os.cpu_count() or 1
-        threads, replicas = options.num_threads, options.replicas
-        if threads and replicas:
-            return threads, replicas
-        if replicas:
-            return max(1, cores // replicas), replicas
-        if threads:
-            return threads, max(1, cores // threads)
-        return 1, cores
+        replicas = options.replicas or 1
+        return options.num_threads or max(1, cores // replicas), replicas
 
     def _open_interpreter(self, module: Any, threads: int, delegates: list[Any]) -> _Lane:
         try:

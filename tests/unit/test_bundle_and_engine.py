@@ -90,7 +90,7 @@ def test_tflite_engine_specs_and_inference(pose_tflite):
 
 @pytest.mark.parametrize(
     ("threads", "replicas", "want"),
-    [(0, 0, (1, 4)), (2, 0, (2, 2)), (3, 0, (3, 1)), (0, 2, (2, 2)), (2, 3, (2, 3))],
+    [(0, 0, (4, 1)), (2, 0, (2, 1)), (0, 2, (2, 2)), (0, 3, (1, 3)), (2, 3, (2, 3))],
 )
 def test_tflite_engine_cpu_layout(pose_tflite, monkeypatch, threads, replicas, want):
     monkeypatch.setattr("os.cpu_count", lambda: 4)

@@ -97,3 +97,23 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
         f"edgerun: error: {wrong}: pipeline.queue_depth: expected int >= 1, got 0"
     ]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "policy", "fallback", "want"),
+    [
+        ({}, "drop_oldest", False, (4, 1)),  # live camera: one interpreter on every core, lowest latency
+        ({}, "block", False, (1, 4)),  # offline: a single-threaded replica per core, most frames per second
+        ({}, "drop_oldest", True, (1, 4)),  # CPU fallback behind an accelerator: replicas
+        ({"num_threads": 2}, "block", False, (2, 2)),
+        ({"num_threads": 2}, "drop_oldest", False, (2, 1)),
+        ({"replicas": 2}, "drop_oldest", False, (2, 2)),
+        ({"num_threads": 3, "replicas": 3}, "block", True, (3, 3)),  # explicit settings win
+    ],
+)
+def test_cpu_engine_layout(monkeypatch, engine, policy, fallback, want):
+    from edgerun.node import cpu_engine_layout
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    cfg = parse_config({"engine": engine, "pipeline": {"policy": policy}})
+    assert cpu_engine_layout(cfg, fallback=fallback) == want
