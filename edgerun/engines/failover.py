@@ -563,12 +563,9 @@ class Failover:
             log.exception("engine event listener failed")
 
     def _premake_buffers(self, runtime: ModelRuntime) -> None:
-        """Make every slot's buffers and every worker's preprocessor and decoder for a standby now,
-        so a failover to it allocates nothing (a decoder builds its anchors when made)."""
+        """Make what a standby needs in the pipeline now, so a failover to it allocates nothing."""
         if self._pipeline is not None:
-            runtime.ensure_workers(self._pipeline.workers)
-            for slot in self._pipeline.pool.slots:
-                slot.buffers_for(runtime)
+            self._pipeline.prepare(runtime)
 
     # -- probing (start, then the supervisor thread) -------------------------------------
 

@@ -47,6 +47,7 @@ class FrameSlot:
     t_inferred: float = 0.0
     engine_key: str = ""
     ticket: int = -1  # output order, given when a worker takes the frame; -1 before
+    whole: bool = False  # separate layout on a CPU engine: one infer thread does the whole frame
     # Keyed by the runtime object itself (not id()), so a dead runtime's id cannot be reused.
     _buffers: dict[Any, tuple[np.ndarray, list[np.ndarray]]] = field(default_factory=dict)
 
@@ -85,6 +86,7 @@ class FramePool:
         slot.meta = None
         slot.runtime = None
         slot.ticket = -1
+        slot.whole = False
         with self._cond:
             self._free.append(slot)
             self._cond.notify()

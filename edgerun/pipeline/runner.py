@@ -227,7 +227,9 @@ class Pipeline:
         self.stats = stats or PipelineStats()
         self.snapshot = Snapshot(settings.snapshot_interval_s)
         self.workers = settings.workers or max(1, int(getattr(runtime.engine, "concurrent_calls", 1)))
-        runtime.ensure_workers(self.workers)
+        # Copies 0..workers-1 belong to the workers (fused) or infer threads; copy ``workers`` to the
+        # preprocess and decode threads of the separate layout, which run beside them.
+        self._stage_copy = self.workers
         self._in_order = InOrder(lambda batch: self.on_batch(batch))  # on_batch may be replaced later
         self._take_lock = threading.Lock()  # fused workers take a frame and its ticket together
         self._running_workers = self.workers
@@ -236,6 +238,7 @@ class Pipeline:
         # Every slot a stage can hold or a hand-off can queue, plus one so capture never waits on the pool.
         size = 4 + 2 * (self.workers - 1) + 3 * depth + 1
         self.pool = FramePool(size, self._make_slot)
+        self.prepare(runtime)
         self._to_preprocess = Handoff(depth, settings.policy, self._dropped_at("capture"))
         self._to_infer = Handoff(depth, BLOCK, self._dropped_at("preprocess"))
         self._to_decode = Handoff(depth, BLOCK, self._dropped_at("infer"))
@@ -244,10 +247,12 @@ class Pipeline:
         self.finished = threading.Event()  # set when the decode stage has drained
         self.end_of_stream = threading.Event()
         self._source_open = True
+        self._cores = os.cpu_count() or 1
         if settings.stage_threads == "auto":
-            self.fused = engine_cpu_threads(runtime.engine) >= (os.cpu_count() or 1)
+            self.fused = self._cpu_bound(runtime)
         else:
             self.fused = settings.stage_threads == "fused"
+        self.whole_frames = 0  # frames an infer thread of the separate layout took end to end (see _infer_loop)
 
     def _make_slot(self, index: int) -> FrameSlot:
         slot = FrameSlot(index=index, image=np.zeros((self.source.height, self.source.width, 3), np.uint8))
@@ -260,11 +265,16 @@ class Pipeline:
         Tensor buffers for ``new`` are made here, before the swap, so the frame
         path never allocates. Call ``retire`` before closing the old engine.
         """
-        new.ensure_workers(self.workers)
-        for slot in self.pool.slots:
-            slot.buffers_for(new)
+        self.prepare(new)
         old, self.runtime = self.runtime, new
         return old
+
+    def prepare(self, runtime: ModelRuntime) -> None:
+        """Make what serving ``runtime`` needs (every slot's tensor buffers, every thread's
+        preprocessor and decoder), so swapping to it later allocates nothing."""
+        runtime.ensure_workers(self.workers + 1)
+        for slot in self.pool.slots:
+            slot.buffers_for(runtime)
 
     def retire(self, old: ModelRuntime, timeout: float) -> bool:
         """Wait until no frame in flight uses ``old``, then drop its buffers; False on timeout."""
@@ -408,9 +418,14 @@ class Pipeline:
 
     # Per-frame steps, shared by the separate stage threads and the fused worker.
 
-    def _preprocess_one(self, slot: FrameSlot, worker: int) -> None:
+    def _cpu_bound(self, runtime: ModelRuntime) -> bool:
+        """True when ``runtime``'s engine computes on every core: then a frame is best done on one thread."""
+        return engine_cpu_threads(runtime.engine) >= self._cores
+
+    def _preprocess_one(self, slot: FrameSlot, worker: int, bind: bool = True) -> None:
         t0 = time.monotonic()
-        slot.bind(self.runtime)  # read once: a swap takes effect between frames
+        if bind:
+            slot.bind(self.runtime)  # read once: a swap takes effect between frames
         slot.runtime.preprocessors[worker](slot.image, slot.tensor)
         slot.t_preprocessed = t1 = time.monotonic()
         with self.stats.lock:
@@ -491,13 +506,22 @@ class Pipeline:
 
     def _preprocess_loop(self) -> None:
         inp, out = self._to_preprocess, self._to_infer
+        # Separate threads suit an accelerator, which leaves the CPU to the other stages. When a
+        # CPU engine serves instead (after a failover to the CPU fallback), the infer threads take
+        # each frame end to end, as fused workers do, and this thread only hands frames on.
+        adaptive = self.settings.stage_threads == "auto"
         try:
             while out.wait_for_room():
                 slot = inp.get()
                 if slot is None:
                     break
                 slot.ticket = self._in_order.ticket()
-                self._preprocess_one(slot, 0)
+                runtime = self.runtime
+                if adaptive and self._cpu_bound(runtime):
+                    slot.bind(runtime)
+                    slot.whole = True
+                else:
+                    self._preprocess_one(slot, self._stage_copy)
                 out.put(slot)
         finally:
             out.close()
@@ -509,7 +533,13 @@ class Pipeline:
                 slot = inp.get()
                 if slot is None:
                     break
-                if self._infer_one(slot):
+                if slot.whole:
+                    with self.stats.lock:
+                        self.whole_frames += 1
+                    self._preprocess_one(slot, worker, bind=False)
+                    if self._infer_one(slot):
+                        self._decode_one(slot, worker)
+                elif self._infer_one(slot):
                     out.put(slot)
         finally:
             if self._last_worker_out():
@@ -526,7 +556,7 @@ class Pipeline:
         inp = self._to_decode
         try:
             while (slot := inp.get()) is not None:
-                self._decode_one(slot, 0)
+                self._decode_one(slot, self._stage_copy)
         finally:
             self.finished.set()
 

@@ -200,3 +200,47 @@ def test_stop_drains_frames_in_flight(blazeface_bundle, photo_dir):
     assert p.join(10)
     assert p.stats.captured == len(got)  # block: every captured frame came out
     assert all(t.name.startswith("edgerun") is False or not t.is_alive() for t in threading.enumerate())
+
+
+class AcceleratorStandIn(SlowEngine):
+    """Fault injection: the real CPU engine reporting no CPU threads, as an accelerator back end does."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine, 0.0)
+        self.cpu_threads = 0
+
+
+@pytest.mark.parametrize("stage_threads", ["auto", "separate"])
+def test_separate_layout_takes_whole_frames_on_the_infer_threads_once_a_cpu_engine_serves(
+    blazeface_bundle, photo_dir, stage_threads
+):
+    p = make(
+        blazeface_bundle, photo_dir, loop=True, policy="block", stage_threads=stage_threads, wrap=AcceleratorStandIn
+    )
+    assert not p.fused
+    cpu = engine_class("tflite")(blazeface_bundle.variant_path("tflite"), EngineOptions(num_threads=1, replicas=2))
+    cpu_runtime = build_runtime(blazeface_bundle, cpu, (p.source.width, p.source.height))
+    got: list = []
+    p.on_batch = got.append
+    p.start()
+    deadline = time.monotonic() + 20
+    while len(got) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.whole_frames == 0  # the accelerator serves: a thread per stage
+    p.swap_runtime(cpu_runtime)  # as a failover to the CPU fallback does
+    before = len(got)
+    while len(got) < before + 40 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.stop()
+    assert p.join(10)
+    seqs = [b.meta.seq for b in got]
+    assert seqs == list(range(len(seqs)))  # in order, nothing lost across the change of layout
+    after = got[before:]
+    assert len(after) >= 40
+    # The astronaut (every even photo) still has her face found on the frames done end to end.
+    astronaut = [len(b.detections) for b in after if b.meta.seq % 2 == 0]
+    assert astronaut == [1] * len(astronaut)
+    if stage_threads == "auto":
+        assert p.whole_frames >= 30
+    else:
+        assert p.whole_frames == 0  # an explicit layout is kept
