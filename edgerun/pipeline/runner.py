@@ -233,6 +233,7 @@ class Pipeline:
         self._in_order = InOrder(lambda batch: self.on_batch(batch))  # on_batch may be replaced later
         self._take_lock = threading.Lock()  # fused workers take a frame and its ticket together
         self._running_workers = self.workers
+        self._capture_done = False
         self._workers_lock = threading.Lock()
         depth = settings.queue_depth
         # Every slot a stage can hold or a hand-off can queue, plus one so capture never waits on the pool.
@@ -253,6 +254,10 @@ class Pipeline:
         else:
             self.fused = settings.stage_threads == "fused"
         self.whole_frames = 0  # frames an infer thread of the separate layout took end to end (see _infer_loop)
+        # With policy block nothing is ever dropped, so a capture thread would only add a hand-off
+        # (two thread wake-ups a frame): fused workers read their next frame themselves, in turn.
+        # Live cameras keep the capture thread, which drains the device and drops stale frames.
+        self.inline_capture = self.fused and settings.policy == BLOCK
 
     def _make_slot(self, index: int) -> FrameSlot:
         slot = FrameSlot(index=index, image=np.zeros((self.source.height, self.source.width, 3), np.uint8))
@@ -302,13 +307,21 @@ class Pipeline:
     def start(self, source_open: bool = True) -> None:
         """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source."""
         self._source_open = source_open
-        stages: tuple[tuple[str, Callable[[], None]], ...]
+        settings, source = self.settings, self.source
+        self._period = 1.0 / settings.pace_fps if settings.pace_fps > 0 and source.synthetic_clock else 0.0
+        self._next_due = time.monotonic()
+        self._seq = 0
+        self._backoff = settings.reopen_backoff_s
         workers = range(self.workers)
         numbered = self.workers > 1
-        stages: list[tuple[str, Callable[[], None]]] = [("capture", self._capture_loop)]
-        if self.fused:
+        stages: list[tuple[str, Callable[[], None]]] = []
+        if self.inline_capture:
+            stages += [(f"worker{i}" if numbered else "worker", self._worker(self._inline_loop, i)) for i in workers]
+        elif self.fused:
+            stages.append(("capture", self._capture_loop))
             stages += [(f"worker{i}" if numbered else "worker", self._worker(self._fused_loop, i)) for i in workers]
         else:
+            stages.append(("capture", self._capture_loop))
             stages.append(("preprocess", self._preprocess_loop))
             stages += [(f"infer{i}" if numbered else "infer", self._worker(self._infer_loop, i)) for i in workers]
             stages.append(("decode", self._decode_loop))
@@ -355,46 +368,52 @@ class Pipeline:
     # -- stages --------------------------------------------------------------
 
     def _capture_loop(self) -> None:
-        stats, source, settings = self.stats, self.source, self.settings
-        period = 1.0 / settings.pace_fps if settings.pace_fps > 0 and source.synthetic_clock else 0.0
-        next_due = time.monotonic()
-        seq = 0
-        backoff = settings.reopen_backoff_s
-        capture_stats = stats.stages["capture"]
         try:
-            if not self._source_open:
-                backoff = self._reopen(f"source {source.KEY} not available at start", backoff)
-            while not self._stop.is_set():
-                if period:
-                    delay = next_due - time.monotonic()
-                    if delay > 0:
-                        if self._stop.wait(delay):
-                            break
-                    # Behind by more than a frame (slow start, a stall): resync instead of bursting.
-                    next_due = max(next_due + period, time.monotonic() - period)
-                slot = self.pool.acquire(timeout=0.5)
-                if slot is None:
-                    continue
-                t0 = time.monotonic()
-                try:
-                    meta = source.read(slot.image, seq)
-                except SourceError as err:
-                    self.pool.release(slot)
-                    stats.source_errors += 1
-                    backoff = self._reopen(str(err), backoff)
-                    continue
-                if meta is None:
-                    self.pool.release(slot)
-                    self.end_of_stream.set()
-                    break
-                backoff = settings.reopen_backoff_s
-                capture_stats.record(time.monotonic() - t0)
-                slot.meta = meta
-                seq += 1
-                stats.captured += 1
+            while (slot := self._next_frame()) is not None:
                 self._to_preprocess.put(slot)
         finally:
             self._to_preprocess.close()
+
+    def _next_frame(self) -> FrameSlot | None:
+        """Pace, take a slot and read the next frame into it; None once stopped or at end of stream.
+
+        Called by the capture thread, or by a worker holding ``_take_lock`` (inline capture):
+        the capture state below has one user at a time.
+        """
+        stats, source, settings = self.stats, self.source, self.settings
+        if not self._source_open:
+            self._source_open = True
+            self._backoff = self._reopen(f"source {source.KEY} not available at start", self._backoff)
+        period = self._period
+        while not self._stop.is_set():
+            if period:
+                delay = self._next_due - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    break
+                # Behind by more than a frame (slow start, a stall): resync instead of bursting.
+                self._next_due = max(self._next_due + period, time.monotonic() - period)
+            slot = self.pool.acquire(timeout=0.5)
+            if slot is None:
+                continue
+            t0 = time.monotonic()
+            try:
+                meta = source.read(slot.image, self._seq)
+            except SourceError as err:
+                self.pool.release(slot)
+                stats.source_errors += 1
+                self._backoff = self._reopen(str(err), self._backoff)
+                continue
+            if meta is None:
+                self.pool.release(slot)
+                self.end_of_stream.set()
+                return None
+            self._backoff = settings.reopen_backoff_s
+            stats.stages["capture"].record(time.monotonic() - t0)
+            slot.meta = meta
+            self._seq += 1
+            stats.captured += 1
+            return slot
+        return None
 
     def _reopen(self, reason: str, backoff: float) -> float:
         """Close and reopen the source until it works or we are stopped; returns the next backoff."""
@@ -559,6 +578,24 @@ class Pipeline:
                 self._decode_one(slot, self._stage_copy)
         finally:
             self.finished.set()
+
+    def _inline_loop(self, worker: int) -> None:
+        """A fused worker that also captures: takes the next frame from the source, then does it all."""
+        try:
+            while True:
+                with self._take_lock:  # one reader at a time; tickets in capture order
+                    slot = None if self._capture_done else self._next_frame()
+                    if slot is None:
+                        self._capture_done = True
+                        break
+                    slot.ticket = self._in_order.ticket()
+                self._preprocess_one(slot, worker)
+                if self._infer_one(slot):
+                    self._decode_one(slot, worker)
+        finally:
+            if self._last_worker_out():
+                self._to_preprocess.close()
+                self.finished.set()
 
     def _fused_loop(self, worker: int) -> None:
         """Preprocess, infer and decode a whole frame on one thread; ``workers`` of these run side by side."""

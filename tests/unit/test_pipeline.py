@@ -88,7 +88,11 @@ def test_block_delivers_every_frame_in_order(blazeface_bundle, photo_dir, layout
     p = make(blazeface_bundle, photo_dir, policy="block", stage_threads=layout, replicas=workers)
     assert p.fused is (layout == "fused")
     assert p.workers == workers  # one worker per interpreter replica
+    # Nothing is dropped under block, so fused workers read frames themselves: no capture thread.
+    assert p.inline_capture is (layout == "fused")
     got = run(p)
+    names = {t.name for t in p._threads}
+    assert ("edgerun-capture" in names) is (layout == "separate")
     assert [b.meta.seq for b in got] == list(range(12))
     assert p.stats.dropped_total == 0
     faces = [len(b.detections) for b in got]
@@ -150,10 +154,12 @@ def test_fused_and_separate_agree(blazeface_bundle, photo_dir):
         np.testing.assert_allclose(x.detections.boxes, y.detections.boxes, atol=1e-3)
 
 
+@pytest.mark.parametrize("layout", ["separate", "fused"])
 @pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])
-def test_slow_model_drops_frames_and_counts_every_one(blazeface_bundle, photo_dir, policy):
+def test_slow_model_drops_frames_and_counts_every_one(blazeface_bundle, photo_dir, policy, layout):
     # The camera (200 fps) outruns the model (~25 fps): frames must be dropped, not queued.
-    p = make(blazeface_bundle, photo_dir, loop=True, delay=0.04, fps=200.0, policy=policy, stage_threads="separate")
+    p = make(blazeface_bundle, photo_dir, loop=True, delay=0.04, fps=200.0, policy=policy, stage_threads=layout)
+    assert not p.inline_capture  # a live camera keeps its capture thread, which drops stale frames
     got = run(p, seconds=1.5)
     stats = p.stats
     assert stats.dropped[("capture", policy)] > 0
