@@ -1,0 +1,50 @@
+"""The benchmark's building blocks in short form: every number is produced; none is judged for speed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgerun.bench import pipeline as bench
+
+
+def test_side_by_side_rate_runs_every_call_at_once():
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def call(name: str):
+        def run() -> None:
+            with lock:
+                seen.add(threading.current_thread().name)
+
+        return run
+
+    rate = bench.side_by_side_rate([call("a"), call("b")], 0.2)
+    assert rate > 0
+    assert len(seen) == 2  # each call looped on a thread of its own
+
+
+def test_ratios_are_medians_of_per_round_ratios():
+    # Round 2 ran while the machine was busy: both phases slowed; its ratio still counts as 0.5.
+    assert bench._ratio([50.0, 25.0, 60.0], [100.0, 50.0, 100.0]) == 0.5
+
+
+@pytest.mark.parametrize(("policy", "replicas"), [("block", True), ("drop_oldest", False)])
+def test_bench_uses_the_layout_the_node_picks(monkeypatch, policy, replicas):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert bench.node_layout(policy) == ((1, 2) if replicas else (2, 1))
+
+
+def test_pipeline_and_stage_phases_produce_numbers(blazeface_bundle, tmp_path):
+    source = bench.open_clip(bench.clip_dir(tmp_path))
+    try:
+        run = bench.run_pipeline(blazeface_bundle, source, (1, 2), 1.5, policy="block")
+        assert run["fps"] > 0 and run["frames"] > 0 and run["dropped"] == 0
+        assert run["latency_p50_ms"] <= run["latency_p99_ms"]
+        stages = bench.bench_stages(blazeface_bundle, source, 0.2)
+        assert set(stages["stage_fps"]) == {"capture", "preprocess", "infer", "decode"}
+        assert stages["bottleneck_fps"] == min(stages["stage_fps"].values())
+        assert stages["large_allocs_per_frame"] == 0  # steady state allocates nothing image-sized
+    finally:
+        source.close()
