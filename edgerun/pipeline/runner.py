@@ -1,4 +1,4 @@
-"""The four stage threads: capture -> preprocess -> infer -> decode, joined by hand-offs.
+"""The stage threads: capture -> preprocess -> infer -> decode, joined by hand-offs.
 
 Flow control works like MediaPipe's flow limiter: the only place a frame is
 dropped is between capture and preprocess (policy ``drop_oldest`` by default).
@@ -6,6 +6,15 @@ Downstream hand-offs block, and each stage waits for room downstream *before*
 taking its next input, so it always picks the freshest captured frame and no
 stage burns CPU on a frame that would be thrown away. With ``block`` the
 capture stage itself waits (offline files lose nothing).
+
+Layouts (``PipelineSettings.stage_threads``): ``separate`` is a thread per
+stage, with one infer thread per engine replica; ``fused`` is one worker
+thread per replica doing preprocess, infer and decode of a whole frame (with
+``block`` the workers also read their frames, so there is no capture thread).
+``auto`` fuses when a CPU engine covers every core and keeps separate threads
+for accelerators; after a failover to a CPU engine the separate layout's infer
+threads take whole frames too. Workers finish out of order; ``InOrder`` hands
+batches on in frame order.
 
 OpenCV, numpy and the interpreters release the GIL, so the threads overlap.
 Finished batches enter the asyncio loop through ``call_soon_threadsafe``.
@@ -81,9 +90,9 @@ class PipelineSettings:
     reopen_backoff_s: float = 0.5
     reopen_backoff_max_s: float = 10.0
     snapshot_interval_s: float = 1.0
-    # "separate": one thread per stage. "fused": preprocess, infer and decode share one
-    # thread. "auto": fused when the engine already runs CPU threads on every core,
-    # where overlapping stages only steals cores from the interpreter (see README, Benchmarks).
+    # "separate": one thread per stage (one infer thread per replica). "fused": a worker per
+    # replica does preprocess, infer and decode of a frame. "auto": fused when the engine already
+    # runs CPU threads on every core, where separate stages only steal cores from it (see README).
     stage_threads: str = "auto"
     # Frames worked on at once: fused workers, or infer threads in the separate layout.
     # 0: as many as the engine takes concurrent calls (its CPU replicas).
