@@ -323,9 +323,14 @@ class Node:
         sink_watch = asyncio.create_task(self._watch_sinks())
         if self.updater is not None:
             self.updater.start()
+        engine = runtime.engine
         log.info(
-            "node %s: %s v%d on %s, source %s %dx%d",
-            self.node_id, bundle.name, bundle.version, runtime.engine.KEY, source.KEY, source.width, source.height,
+            "node %s: %s v%d on %s (%d x %d threads), source %s %dx%d, %d %s worker(s)%s",
+            self.node_id, bundle.name, bundle.version, engine.KEY,
+            getattr(engine, "replicas", 1), getattr(engine, "num_threads", 0),
+            source.KEY, source.width, source.height,
+            pipeline.workers, "fused" if pipeline.fused else "separate-stage",
+            ", reading frames themselves" if pipeline.inline_capture else "",
         )
 
         ended = loop.run_in_executor(None, pipeline.end_of_stream.wait)

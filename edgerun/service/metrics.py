@@ -74,6 +74,11 @@ class NodeCollector:
             "edgerun_latency_seconds", "Capture to hand-off to the sinks, per frame.", [], [([], stats.end_to_end)]
         )
         yield gauge("edgerun_fps", "Batches published per second over the last few seconds.", node.fps())
+        if node.pipeline is not None:
+            yield gauge(
+                "edgerun_pipeline_workers", "Frames the pipeline works on at once (one per engine replica).",
+                node.pipeline.workers,
+            )
         state = GaugeMetricFamily("edgerun_health_state", "1 for the node's current state.", labels=["state"])
         for name in STATES:
             state.add_metric([name], 1.0 if node.health.state == name else 0.0)

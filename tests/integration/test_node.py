@@ -160,6 +160,8 @@ def test_node_detects_serves_http_and_notifies_systemd(node):
     assert inferred and float(inferred[0].split()[1]) > 0
     assert 'edgerun_health_state{state="running"} 1.0' in text
     assert "edgerun_stage_seconds_bucket" in text
+    # A live source (drop_oldest) gets one interpreter on every core, so one worker.
+    assert "edgerun_pipeline_workers 1.0" in text
     status, ctype, body = n.get("/snapshot.jpg")
     assert status == 200 and ctype == "image/jpeg" and body[:2] == b"\xff\xd8"
 
