@@ -79,10 +79,8 @@ def cpu_engine_layout(cfg: Config, *, fallback: bool) -> tuple[int, int]:
     cores = os.cpu_count() or 1
     threads, replicas = cfg.engine.num_threads, cfg.engine.replicas
     if not replicas:
-        if threads:
-            replicas = max(1, cores // threads) if fallback or cfg.pipeline.policy == "block" else 1
-        else:
-            replicas = cores if fallback or cfg.pipeline.policy == "block" else 1
+        throughput = fallback or cfg.pipeline.policy == "block"
+        replicas = max(1, cores // (threads or 1)) if throughput else 1
     return threads or max(1, cores // replicas), replicas
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.bench.pipeline import clip_dir, open_clip, resolve_bundle, timed_rate
+from edgerun.bench.pipeline import clip_dir, node_layout, open_clip, resolve_bundle, timed_rate
 from edgerun.engines.base import EngineOptions
 from edgerun.engines.failover import EngineWorker, Failover, FailoverSettings, FaultInjectingEngine, FaultPlan
 from edgerun.engines.tflite import TFLiteEngine
@@ -95,12 +95,9 @@ def _open_tflite(bundle: ModelBundle, threads: int, replicas: int = 1) -> TFLite
 def _fallback_engine(bundle: ModelBundle, single: bool = False) -> TFLiteEngine:
     """The CPU last resort as the node opens it behind an accelerator (a single-threaded replica per
     core); ``single``: one interpreter on every core instead, for comparison."""
-    from edgerun.config import parse_config
-    from edgerun.node import cpu_engine_layout
-
     if single:
         return _open_tflite(bundle, os.cpu_count() or 1, 1)
-    return _open_tflite(bundle, *cpu_engine_layout(parse_config({}), fallback=True))
+    return _open_tflite(bundle, *node_layout("drop_oldest", fallback=True))
 
 
 def _accelerator(bundle: ModelBundle, plan: FaultPlan, threads: int) -> FaultInjectingEngine:

@@ -48,12 +48,13 @@ def resolve_bundle(model: str | None) -> ModelBundle:
     return load_bundle(model)
 
 
-def node_layout(policy: str) -> tuple[int, int]:
-    """(threads, replicas) the node gives its CPU engine under flow-control ``policy`` with default settings."""
+def node_layout(policy: str, fallback: bool = False) -> tuple[int, int]:
+    """(threads, replicas) the node gives its CPU engine under flow-control ``policy`` with default
+    settings; ``fallback``: as the last resort behind an accelerator."""
     from edgerun.config import parse_config
     from edgerun.node import cpu_engine_layout
 
-    return cpu_engine_layout(parse_config({"pipeline": {"policy": policy}}), fallback=False)
+    return cpu_engine_layout(parse_config({"pipeline": {"policy": policy}}), fallback=fallback)
 
 
 def open_engine(bundle: ModelBundle, threads: int, replicas: int = 1) -> Engine:

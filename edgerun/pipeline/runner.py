@@ -26,8 +26,9 @@ import logging
 import os
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import cv2
 import numpy as np
@@ -131,8 +132,10 @@ class ModelRuntime:
         self.decoders = [decoder]
         self.model = model
         # Engines that take one call at a time are entered under this lock when
-        # several infer threads share them (None: the engine takes concurrent calls).
-        self.serial = threading.Lock() if getattr(engine, "concurrent_calls", 1) <= 1 else None
+        # several infer threads share them; a no-op for engines that take concurrent calls.
+        self.serial: AbstractContextManager[Any] = (
+            threading.Lock() if getattr(engine, "concurrent_calls", 1) <= 1 else nullcontext()
+        )
 
     @property
     def preprocessor(self) -> Preprocessor:
@@ -330,13 +333,11 @@ class Pipeline:
         workers = range(self.workers)
         numbered = self.workers > 1
         stages: list[tuple[str, Callable[[], None]]] = []
-        if self.inline_capture:
-            stages += [(f"worker{i}" if numbered else "worker", self._worker(self._inline_loop, i)) for i in workers]
-        elif self.fused:
+        if not self.inline_capture:
             stages.append(("capture", self._capture_loop))
+        if self.fused:
             stages += [(f"worker{i}" if numbered else "worker", self._worker(self._fused_loop, i)) for i in workers]
         else:
-            stages.append(("capture", self._capture_loop))
             stages.append(("preprocess", self._preprocess_loop))
             stages += [(f"infer{i}" if numbered else "infer", self._worker(self._infer_loop, i)) for i in workers]
             stages.append(("decode", self._decode_loop))
@@ -473,16 +474,11 @@ class Pipeline:
         guard = self.infer_guard
         t0 = time.monotonic()
         try:
-            if runtime.serial is not None:
-                runtime.serial.acquire()
-            try:
+            with runtime.serial:
                 if guard is None:
                     engine.infer(slot.tensor, slot.outputs)
                 else:
                     guard.infer(runtime, slot.tensor, slot.outputs)
-            finally:
-                if runtime.serial is not None:
-                    runtime.serial.release()
         except FrameLost as lost:
             self._lose(slot, lost.reason)
             return False
@@ -570,9 +566,7 @@ class Pipeline:
                 if slot.whole:
                     with self.stats.lock:
                         self.whole_frames += 1
-                    self._preprocess_one(slot, worker, bind=False)
-                    if self._infer_one(slot):
-                        self._decode_one(slot, worker)
+                    self._whole_frame(slot, worker, bind=False)
                 elif self._infer_one(slot):
                     out.put(slot)
         finally:
@@ -594,37 +588,37 @@ class Pipeline:
         finally:
             self.finished.set()
 
-    def _inline_loop(self, worker: int) -> None:
-        """A fused worker that also captures: takes the next frame from the source, then does it all."""
-        try:
-            while True:
-                with self._take_lock:  # one reader at a time; tickets in capture order
-                    slot = None if self._capture_done else self._next_frame()
-                    if slot is None:
-                        self._capture_done = True
-                        break
-                    slot.ticket = self._in_order.ticket()
-                self._preprocess_one(slot, worker)
-                if self._infer_one(slot):
-                    self._decode_one(slot, worker)
-        finally:
-            if self._last_worker_out():
-                self._to_preprocess.close()
-                self.finished.set()
+    def _whole_frame(self, slot: FrameSlot, worker: int, bind: bool = True) -> None:
+        """Preprocess, infer and decode one frame on this thread, with ``worker``'s copies."""
+        self._preprocess_one(slot, worker, bind=bind)
+        if self._infer_one(slot):
+            self._decode_one(slot, worker)
+
+    def _read_inline(self) -> FrameSlot | None:
+        """The next frame straight from the source (inline capture; under ``_take_lock``)."""
+        if self._capture_done:
+            return None
+        slot = self._next_frame()
+        if slot is None:
+            self._capture_done = True
+        return slot
 
     def _fused_loop(self, worker: int) -> None:
-        """Preprocess, infer and decode a whole frame on one thread; ``workers`` of these run side by side."""
-        inp = self._to_preprocess
+        """Whole frames on one thread; ``workers`` of these run side by side.
+
+        Frames come from the capture hand-off, or with inline capture straight
+        from the source, one reader at a time.
+        """
+        take = self._read_inline if self.inline_capture else self._to_preprocess.get
         try:
             while True:
-                with self._take_lock:  # tickets in the order frames leave the hand-off
-                    slot = inp.get()
+                with self._take_lock:  # tickets in the order frames are taken
+                    slot = take()
                     if slot is None:
                         break
                     slot.ticket = self._in_order.ticket()
-                self._preprocess_one(slot, worker)
-                if self._infer_one(slot):
-                    self._decode_one(slot, worker)
+                self._whole_frame(slot, worker)
         finally:
             if self._last_worker_out():
+                self._to_preprocess.close()  # inline capture: nothing else closes it
                 self.finished.set()
