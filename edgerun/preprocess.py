@@ -36,24 +36,29 @@ class Letterbox:
         # Per-axis scale from source pixels to model pixels (equal in letterbox mode up to rounding).
         self.scale_x = self.new_w / src_w
         self.scale_y = self.new_h / src_h
+        # Model -> source as one multiply-add per (x, y) pair: x_src = x * gain_x + offset_x.
+        self._gain = np.array([dst_w / self.scale_x, dst_h / self.scale_y], np.float32)
+        self._offset = np.array([-self.pad_x / self.scale_x, -self.pad_y / self.scale_y], np.float32)
+        self._frame_limit = np.array([src_w, src_h, src_w, src_h], np.float32)
 
     def to_source(self, xy: np.ndarray) -> np.ndarray:
         """Map normalised model coordinates (..., 2k) as x, y pairs to source pixels, in place."""
-        x = xy[..., 0::2]
-        y = xy[..., 1::2]
-        x *= self.dst_w
-        x -= self.pad_x
-        x /= self.scale_x
-        y *= self.dst_h
-        y -= self.pad_y
-        y /= self.scale_y
+        if xy.flags.c_contiguous:
+            pairs = xy.reshape(-1, 2)  # a view: two numpy calls for every point of every detection
+            pairs *= self._gain
+            pairs += self._offset
+            return xy
+        for axis in (0, 1):
+            values = xy[..., axis::2]
+            values *= self._gain[axis]
+            values += self._offset[axis]
         return xy
 
     def boxes_to_source(self, boxes: np.ndarray) -> np.ndarray:
         """Normalised x1,y1,x2,y2 boxes -> source pixels, clipped to the frame, in place."""
         self.to_source(boxes)
-        np.clip(boxes[:, 0::2], 0, self.src_w, out=boxes[:, 0::2])
-        np.clip(boxes[:, 1::2], 0, self.src_h, out=boxes[:, 1::2])
+        np.maximum(boxes, 0.0, out=boxes)
+        np.minimum(boxes, self._frame_limit, out=boxes)
         return boxes
 
     def to_model(self, xy: np.ndarray) -> np.ndarray:

@@ -118,6 +118,7 @@ class DetectionBatch:
         boxes = np.round(det.boxes.astype(np.float64), 1).tolist()
         scores = np.round(det.scores.astype(np.float64), 4).tolist()
         ids = det.class_ids.tolist()
+        keypoints = None if det.keypoints is None else np.round(det.keypoints.astype(np.float64), 1).tolist()
         items: list[dict[str, Any]] = []
         for i, (box, score, cid) in enumerate(zip(boxes, scores, ids)):
             item: dict[str, Any] = {
@@ -126,8 +127,8 @@ class DetectionBatch:
                 "score": score,
                 "box": box,
             }
-            if det.keypoints is not None:
-                item["keypoints"] = np.round(det.keypoints[i].astype(np.float64), 1).tolist()
+            if keypoints is not None:
+                item["keypoints"] = keypoints[i]
             items.append(item)
         latency_ms = None
         if t_publish is not None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgerun.decoders.anchors import SsdAnchorOptions, ssd_anchors
 from edgerun.decoders.base import Decoder
-from edgerun.decoders.nms import weighted_nms
+from edgerun.decoders.nms import weighted_nms_rows
 from edgerun.decoders.params import ParamReader
 from edgerun.engines.base import TensorSpec
 from edgerun.errors import ModelError
@@ -183,26 +183,33 @@ class MediaPipeSSDDecoder(Decoder):
             raise ModelError(
                 f"{self.KEY}: the anchor options give {anchors.shape[0]} anchors but num_boxes is {self.num_boxes}"
             )
-        # Columns x_center, y_center, w, h; contiguous per column for fast gathers.
-        self._anchor_x = np.ascontiguousarray(anchors[:, 0])
-        self._anchor_y = np.ascontiguousarray(anchors[:, 1])
-        self._anchor_w = np.ascontiguousarray(anchors[:, 2])
-        self._anchor_h = np.ascontiguousarray(anchors[:, 3])
-
         self._box_index, self._score_index = self._find_outputs(output_specs)
         box_spec, score_spec = output_specs[self._box_index], output_specs[self._score_index]
         self._box_spec, self._score_spec = box_spec, score_spec
 
         # reverse_output_order means x, y, w, h (MediaPipe's XYWH box format) instead of y, x, h, w.
         o = self.box_coord_offset
-        if self.reverse_output_order:
-            self._cx, self._cy, self._w, self._h = o, o + 1, o + 2, o + 3
-        else:
-            self._cy, self._cx, self._h, self._w = o, o + 1, o + 2, o + 3
+        cx, cy, w, h = (o, o + 1, o + 2, o + 3) if self.reverse_output_order else (o + 1, o, o + 3, o + 2)
         ko = self.keypoint_coord_offset
-        kp_cols = np.arange(ko, ko + 2 * self.num_keypoints)
-        self._kp_x_cols = kp_cols[0::2] if self.reverse_output_order else kp_cols[1::2]
-        self._kp_y_cols = kp_cols[1::2] if self.reverse_output_order else kp_cols[0::2]
+        kp_cols = np.arange(ko, ko + 2 * self.num_keypoints).reshape(-1, 2)
+        if not self.reverse_output_order:
+            kp_cols = kp_cols[:, ::-1]  # y, x pairs
+        # Decoding is one affine map per anchor and column: the regressor columns, gathered into
+        # the order x_center, y_center, w, h, kx0, ky0, ..., times ``_gain`` plus ``_offset``
+        # (MediaPipe's value / scale * anchor size + anchor centre). Two table lookups and two
+        # numpy calls decode every candidate's box and keypoints at once.
+        self._columns = np.array([cx, cy, w, h, *kp_cols.reshape(-1)], np.intp)
+        ax, ay, aw, ah = (anchors[:, i : i + 1].astype(np.float32) for i in range(4))
+        x_gain, y_gain = aw / np.float32(self.x_scale), ah / np.float32(self.y_scale)
+        one = np.ones_like(aw)
+        # With apply_exponential_on_box_size the sizes are exp(value / scale) * anchor size: the
+        # anchor size is applied after the exp.
+        w_gain = (one if self.apply_exponential_on_box_size else aw) / np.float32(self.w_scale)
+        h_gain = (one if self.apply_exponential_on_box_size else ah) / np.float32(self.h_scale)
+        self._gain = np.hstack([x_gain, y_gain, w_gain, h_gain] + [x_gain, y_gain] * self.num_keypoints)
+        zero = np.zeros_like(aw)
+        self._offset = np.hstack([ax, ay, zero, zero] + [ax, ay] * self.num_keypoints)
+        self._anchor_size = np.hstack([aw, ah]).astype(np.float32)  # for apply_exponential_on_box_size
 
         self._raw_threshold = self._prefilter_threshold()
         # Per-frame scratch, made once: dequantised scores, best score per box, candidate mask.
@@ -289,44 +296,39 @@ class MediaPipeSSDDecoder(Decoder):
                 c = np.float32(self.score_clipping_thresh)
                 np.clip(cand_scores, -c, c, out=cand_scores)
             cand_scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-cand_scores))
-        class_ids = np.argmax(cand_scores, axis=1).astype(np.int32)
-        scores = cand_scores[np.arange(candidates.size), class_ids]
+        if self.num_classes == 1:
+            scores = cand_scores[:, 0]
+            class_ids = np.zeros(candidates.size, np.int32)
+        else:
+            class_ids = np.argmax(cand_scores, axis=1).astype(np.int32)
+            scores = cand_scores[np.arange(candidates.size), class_ids]
         if self.min_score_thresh is not None:
             passed = scores >= np.float32(self.min_score_thresh)
-            candidates, scores, class_ids = candidates[passed], scores[passed], class_ids[passed]
-            if candidates.size == 0:
-                return Detections.empty(self.num_keypoints)
+            if not passed.all():
+                candidates, scores, class_ids = candidates[passed], scores[passed], class_ids[passed]
+                if candidates.size == 0:
+                    return Detections.empty(self.num_keypoints)
 
-        rows = self._box_spec.dequantise(raw_boxes[candidates]).astype(np.float32, copy=False)
-        ax, ay = self._anchor_x[candidates], self._anchor_y[candidates]
-        aw, ah = self._anchor_w[candidates], self._anchor_h[candidates]
-        x_center = rows[:, self._cx] / np.float32(self.x_scale) * aw + ax
-        y_center = rows[:, self._cy] / np.float32(self.y_scale) * ah + ay
+        # x_center, y_center, w, h, keypoints for every candidate (see _gain in __init__).
+        rows = self._box_spec.dequantise(raw_boxes[candidates[:, None], self._columns]).astype(np.float32, copy=False)
+        rows *= self._gain[candidates]
+        rows += self._offset[candidates]
+        sizes = rows[:, 2:4]
         if self.apply_exponential_on_box_size:
-            w = np.exp(rows[:, self._w] / np.float32(self.w_scale)) * aw
-            h = np.exp(rows[:, self._h] / np.float32(self.h_scale)) * ah
-        else:
-            w = rows[:, self._w] / np.float32(self.w_scale) * aw
-            h = rows[:, self._h] / np.float32(self.h_scale) * ah
-        boxes = np.empty((candidates.size, 4), np.float32)
-        boxes[:, 0] = x_center - w / np.float32(2.0)
-        boxes[:, 1] = y_center - h / np.float32(2.0)
-        boxes[:, 2] = x_center + w / np.float32(2.0)
-        boxes[:, 3] = y_center + h / np.float32(2.0)
-
-        keypoints = None
-        if self.num_keypoints:
-            keypoints = np.empty((candidates.size, self.num_keypoints, 2), np.float32)
-            keypoints[:, :, 0] = rows[:, self._kp_x_cols] / np.float32(self.x_scale) * aw[:, None] + ax[:, None]
-            keypoints[:, :, 1] = rows[:, self._kp_y_cols] / np.float32(self.y_scale) * ah[:, None] + ay[:, None]
-
+            np.exp(sizes, out=sizes)
+            sizes *= self._anchor_size[candidates]
         # MediaPipe drops boxes the model predicts with negative or NaN size (b/171391719).
-        valid = (w >= 0.0) & (h >= 0.0)
+        valid = (sizes >= 0.0).all(axis=1)
         if not valid.all():
-            boxes, scores, class_ids = boxes[valid], scores[valid], class_ids[valid]
-            keypoints = None if keypoints is None else keypoints[valid]
+            rows, scores, class_ids = rows[valid], scores[valid], class_ids[valid]
+            sizes = rows[:, 2:4]
+        # Centre and size -> corners, in place: x1 = cx - w/2, x2 = cx + w/2.
+        half = sizes * np.float32(0.5)
+        np.add(rows[:, 0:2], half, out=sizes)
+        rows[:, 0:2] -= half
 
-        boxes, scores, keypoints, top = weighted_nms(
-            boxes, scores, self.min_suppression_threshold, keypoints, self.max_results
-        )
+        rows, scores, top = weighted_nms_rows(rows, scores, self.min_suppression_threshold, self.max_results)
+        kept = scores.shape[0]
+        boxes = np.ascontiguousarray(rows[:, :4])
+        keypoints = np.ascontiguousarray(rows[:, 4:]).reshape(kept, -1, 2) if self.num_keypoints else None
         return Detections(boxes=boxes, scores=scores, class_ids=class_ids[top], keypoints=keypoints)

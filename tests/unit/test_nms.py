@@ -84,8 +84,11 @@ def test_weighted_nms_max_results_and_empty():
     assert b.shape == (0, 4) and s.shape == (0,) and k.shape == (0, 6, 2) and top.shape == (0,)
 
 
+@pytest.mark.parametrize("small_limit", [0, 1000], ids=["vectorised-path", "python-clusters-path"])
 @pytest.mark.parametrize("seed", range(20))
-def test_weighted_nms_matches_mediapipe_reference(seed):
+def test_weighted_nms_matches_mediapipe_reference(seed, small_limit, monkeypatch):
+    # Both ways of forming clusters (plain Python for a few boxes, numpy rows for many) must agree.
+    monkeypatch.setattr("edgerun.decoders.nms._SMALL", small_limit)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 40))
     centre = rng.uniform(0.2, 0.8, (n, 2))
