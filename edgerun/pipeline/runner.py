@@ -36,7 +36,7 @@ import numpy as np
 from edgerun.decoders.base import Decoder
 from edgerun.engines.base import Engine
 from edgerun.errors import SourceError
-from edgerun.pipeline.pool import BLOCK, FramePool, FrameSlot, Handoff
+from edgerun.pipeline.pool import BLOCK, DROP_NEWEST, FramePool, FrameSlot, Handoff
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preprocess import Preprocessor
 from edgerun.sources.base import Source
@@ -267,10 +267,16 @@ class Pipeline:
         else:
             self.fused = settings.stage_threads == "fused"
         self.whole_frames = 0  # frames an infer thread of the separate layout took end to end (see _infer_loop)
-        # With policy block nothing is ever dropped, so a capture thread would only add a hand-off
-        # (two thread wake-ups a frame): fused workers read their next frame themselves, in turn.
-        # Live cameras keep the capture thread, which drains the device and drops stale frames.
-        self.inline_capture = self.fused and settings.policy == BLOCK
+        # Files and replays go as fast as they decode unless paced at pace_fps on their own clock.
+        self._period = 1.0 / settings.pace_fps if settings.pace_fps > 0 and source.synthetic_clock else 0.0
+        # Fused workers read their next frame themselves, in turn, where a capture thread would
+        # only add a hand-off (two thread wake-ups a frame): with policy block nothing is ever
+        # dropped, and a paced replay's frames fall due on its own clock, so the frames that fell
+        # due while every worker was busy are skipped without being decoded (``Source.skip``)
+        # instead of read only to be dropped. Live cameras keep the capture thread, which drains
+        # the device and drops stale frames.
+        self.inline_capture = self.fused and (settings.policy == BLOCK or self._period > 0)
+        self._skip_stale = self.inline_capture and settings.policy != BLOCK
 
     def _make_slot(self, index: int) -> FrameSlot:
         slot = FrameSlot(index=index, image=np.zeros((self.source.height, self.source.width, 3), np.uint8))
@@ -320,8 +326,7 @@ class Pipeline:
     def start(self, source_open: bool = True) -> None:
         """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source."""
         self._source_open = source_open
-        settings, source = self.settings, self.source
-        self._period = 1.0 / settings.pace_fps if settings.pace_fps > 0 and source.synthetic_clock else 0.0
+        settings = self.settings
         self._next_due = time.monotonic()
         self._seq = 0
         self._backoff = settings.reopen_backoff_s
@@ -402,18 +407,32 @@ class Pipeline:
             self._backoff = self._reopen(f"source {source.KEY} not available at start", self._backoff)
         period = self._period
         while not self._stop.is_set():
+            due, stale = 0.0, 0
             if period:
                 delay = self._next_due - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     break
-                # Behind by more than a frame (slow start, a stall): resync instead of bursting.
-                self._next_due = max(self._next_due + period, time.monotonic() - period)
+                due, now = self._next_due, time.monotonic()
+                if self._skip_stale:
+                    # Every frame due by now besides one is stale: drop_oldest takes the newest
+                    # (skipping the others first), drop_newest the oldest (skipping the others after).
+                    stale = int((now - due) / period)
+                    self._next_due = due + (stale + 1) * period
+                    if settings.policy != DROP_NEWEST:
+                        due += stale * period
+                else:
+                    # Behind by more than a frame (slow start, a stall): resync instead of bursting.
+                    self._next_due = max(due + period, now - period)
             slot = self.pool.acquire(timeout=0.5)
             if slot is None:
                 continue
             t0 = time.monotonic()
             try:
+                if stale and settings.policy != DROP_NEWEST:
+                    self._skip(stale)
                 meta = source.read(slot.image, self._seq)
+                if stale and settings.policy == DROP_NEWEST and meta is not None:
+                    self._skip(stale)
             except SourceError as err:
                 self.pool.release(slot)
                 stats.source_errors += 1
@@ -425,11 +444,23 @@ class Pipeline:
                 return None
             self._backoff = settings.reopen_backoff_s
             stats.stages["capture"].record(time.monotonic() - t0)
+            if self._skip_stale and meta.t_capture > due:
+                # Read on demand after it fell due: it was captured when it fell due.
+                meta.wall_time -= meta.t_capture - due
+                meta.t_capture = due
             slot.meta = meta
             self._seq += 1
             stats.captured += 1
             return slot
         return None
+
+    def _skip(self, count: int) -> None:
+        """Skip ``count`` stale frames of a paced replay; they count as captured and dropped at
+        capture and use up their sequence numbers, as when a capture thread read and dropped them."""
+        skipped = self.source.skip(count)
+        self._seq += skipped
+        self.stats.captured += skipped
+        self.stats.drop("capture", self.settings.policy, skipped)
 
     def _reopen(self, reason: str, backoff: float) -> float:
         """Close and reopen the source until it works or we are stopped; returns the next backoff."""

@@ -81,9 +81,9 @@ class PipelineStats:
         self.end_to_end = LatencyHistogram()  # capture -> handed to the sinks
         self.last_inference = 0.0  # monotonic; 0 until the first frame
 
-    def drop(self, stage: str, reason: str) -> None:
+    def drop(self, stage: str, reason: str, count: int = 1) -> None:
         with self._drop_lock:
-            self.dropped[(stage, reason)] += 1
+            self.dropped[(stage, reason)] += count
 
     @property
     def dropped_total(self) -> int:

@@ -45,5 +45,21 @@ class Source(ABC):
         SourceError when the device is gone (the capture stage reopens it).
         """
 
+    def skip(self, count: int) -> int:
+        """Pass over the next ``count`` frames without handing them out; returns how many there were
+        (fewer at the end of a stream that does not loop).
+
+        The pipeline calls this for the frames of a paced replay that fell due while every
+        worker was busy: frames a capture thread would have read only to drop. This default
+        reads them into a scratch buffer; sources that can move on without decoding override it.
+        """
+        scratch = getattr(self, "_skip_scratch", None)
+        if scratch is None or scratch.shape != (self.height, self.width, 3):
+            scratch = self._skip_scratch = np.zeros((self.height, self.width, 3), np.uint8)
+        for done in range(count):
+            if self.read(scratch, -1) is None:
+                return done
+        return count
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the device."""

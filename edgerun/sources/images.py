@@ -228,6 +228,21 @@ class ImagesSource(Source):
             return self._meta(seq, image)
         return self._read_file(image, seq)
 
+    def skip(self, count: int) -> int:
+        if self._video is not None:
+            return self._video.skip(count)
+        total = self.frame_count
+        done = 0
+        while done < count and total:
+            if self._index >= total:
+                if not self.loop:
+                    break
+                self._index = 0
+            step = min(count - done, total - self._index)
+            self._index += step
+            done += step
+        return done
+
     def _read_file(self, image: np.ndarray, seq: int) -> FrameMeta | None:
         """Decode the next readable file; a file that fails is dropped from the cycle."""
         while self._files:

@@ -224,6 +224,26 @@ class OpenCvSource(Source):
 
     # -- frames ------------------------------------------------------------------
 
+    def skip(self, count: int) -> int:
+        """``grab()`` without ``retrieve()``: a file still decodes (later frames depend on earlier
+        ones) but skips the colour conversion and copy."""
+        if self._cap is None:
+            raise SourceError(f"{self.description} is not open")
+        done = 0
+        if self._pending is not None and count:
+            self._pending = None
+            done = 1
+        rewound = False
+        while done < count:
+            if self._cap.grab():
+                done += 1
+                rewound = False
+                continue
+            if self.live or not self.loop or rewound or not self._rewind():
+                break
+            rewound = True  # a rewound file that still has no frame ends the skip
+        return done
+
     def _read_into(self, image: np.ndarray) -> bool:
         """One frame into ``image``; False when the capture has none."""
         assert self._cap is not None

@@ -519,6 +519,13 @@ class ReplaySource(Source):
             truth_labels=labels,
         )
 
+    def skip(self, count: int) -> int:
+        """Move the camera on without rendering: the flight is a function of the frame index."""
+        if self.config.frames:
+            count = max(0, min(count, self.config.frames - self._index))
+        self._index += count
+        return count
+
     def close(self) -> None:
         # The scene stays in build_scene's cache: reopening after a stall is instant.
         self._scene = None

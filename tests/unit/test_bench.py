@@ -48,3 +48,17 @@ def test_pipeline_and_stage_phases_produce_numbers(blazeface_bundle, tmp_path):
         assert stages["large_allocs_per_frame"] == 0  # steady state allocates nothing image-sized
     finally:
         source.close()
+
+
+def test_overload_runs_the_replay_and_a_camera_like_source(blazeface_bundle, tmp_path):
+    source = bench.open_clip(bench.clip_dir(tmp_path))
+    try:
+        # Far faster than the model: frames must be dropped either way, and latency stays bounded.
+        replay = bench.run_pipeline(blazeface_bundle, source, (2, 1), 1.5, policy="drop_oldest", pace_fps=5000)
+        camera = bench.run_pipeline(blazeface_bundle, bench.CameraClip(source, 5000), (2, 1), 1.5, policy="drop_oldest")
+        for run in (replay, camera):
+            assert run["frames"] > 0 and run["dropped"] > 0
+            assert run["latency_p50_ms"] <= run["latency_p99_ms"]
+        assert bench.CameraClip.synthetic_clock is False  # the pipeline keeps a capture thread for it
+    finally:
+        source.close()

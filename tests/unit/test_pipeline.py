@@ -64,9 +64,13 @@ def run(pipeline: Pipeline, seconds: float | None = None) -> list:
     return got
 
 
-def make(bundle, photo_dir, *, loop=False, delay=0.0, fps=0.0, replicas=1, wrap=None, **settings) -> Pipeline:
+def make(
+    bundle, photo_dir, *, loop=False, delay=0.0, fps=0.0, replicas=1, wrap=None, camera=False, **settings
+) -> Pipeline:
     source = make_source(SourceConfig(kind="images", path=str(photo_dir), preload=True, loop=loop, fps=fps))
     source.open()
+    if camera:
+        source.synthetic_clock = False  # frames come on the device's clock, as fast as it delivers them
     engine = engine_class("tflite")(bundle.variant_path("tflite"), EngineOptions(num_threads=1, replicas=replicas))
     if delay:
         engine = SlowEngine(engine, delay)
@@ -154,16 +158,29 @@ def test_fused_and_separate_agree(blazeface_bundle, photo_dir):
         np.testing.assert_allclose(x.detections.boxes, y.detections.boxes, atol=1e-3)
 
 
+@pytest.mark.parametrize("clock", ["camera", "replay"])
 @pytest.mark.parametrize("layout", ["separate", "fused"])
 @pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])
-def test_slow_model_drops_frames_and_counts_every_one(blazeface_bundle, photo_dir, policy, layout):
-    # The camera (200 fps) outruns the model (~25 fps): frames must be dropped, not queued.
-    p = make(blazeface_bundle, photo_dir, loop=True, delay=0.04, fps=200.0, policy=policy, stage_threads=layout)
-    assert not p.inline_capture  # a live camera keeps its capture thread, which drops stale frames
+def test_slow_model_drops_frames_and_counts_every_one(blazeface_bundle, photo_dir, policy, layout, clock):
+    # The source (a camera delivering as fast as it can, or a replay paced at 200 fps) outruns the
+    # model (~25 fps): frames must be dropped, not queued.
+    p = make(
+        blazeface_bundle, photo_dir, loop=True, delay=0.04, fps=200.0, policy=policy, stage_threads=layout,
+        camera=clock == "camera",
+    )
+    # A camera keeps its capture thread, which drains the device and drops stale frames; fused
+    # workers take a paced replay's frames themselves and skip the stale ones undecoded.
+    skips = p.inline_capture
+    assert skips is (layout == "fused" and clock == "replay")
     got = run(p, seconds=1.5)
     stats = p.stats
     assert stats.dropped[("capture", policy)] > 0
     assert stats.captured == len(got) + stats.dropped_total  # nothing vanishes uncounted
+    reads = stats.stages["capture"].frames
+    if skips:  # only the frames that were worked on were read
+        assert reads == len(got) < stats.captured / 2
+    else:
+        assert reads == stats.captured
     seqs = [b.meta.seq for b in got]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     if policy == "drop_oldest":

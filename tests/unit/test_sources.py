@@ -600,3 +600,71 @@ def test_images_source_plays_and_preloads_a_video_file(clip):
     assert order == list(range(FRAMES)) + [0, 1]
     with pytest.raises(SourceError, match=r"preloading 2 frames of 160x120"):
         ImagesSource(clip, preload=True, max_preload_bytes=FRAME_W * FRAME_H * 3).open()
+
+
+# ---- skipping stale frames of a paced replay ---------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_opencv_skip_passes_over_frames_and_loops_or_ends(clip, loop):
+    src = OpenCvSource(str(clip), loop=loop)
+    src.open()
+    image = np.zeros((FRAME_H, FRAME_W, 3), np.uint8)
+    src.read(image, 0)
+    assert src.skip(3) == 3
+    src.read(image, 4)
+    assert frame_index(image) == 4
+    if loop:
+        assert src.skip(FRAMES) == FRAMES  # wraps to the start: 5..7, then 0..4
+        src.read(image, 0)
+        assert frame_index(image) == 5
+    else:
+        assert src.skip(10) == FRAMES - 5  # only what is left
+        assert src.read(image, 0) is None
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_images_skip_moves_on_without_decoding_and_wraps(photo_dir, preload):
+    src = ImagesSource(str(photo_dir), preload=preload, loop=True)
+    src.open()
+    frames = expected_frames(photo_dir, src.width, src.height)
+    image = np.zeros((src.height, src.width, 3), np.uint8)
+    for i in range(3):  # one pass: the unreadable files leave the cycle
+        src.read(image, i)
+    assert src.skip(4) == 4  # three readable frames: a full pass, then one more
+    src.read(image, 0)
+    np.testing.assert_array_equal(image, frames[1])
+    once = ImagesSource(str(photo_dir), preload=preload, loop=False)
+    once.open()
+    if preload:  # without preload the unreadable files still count until they are read
+        assert once.skip(5) == 3 and once.read(image, 0) is None
+
+
+def test_replay_skip_renders_the_same_frames_as_reading_every_one():
+    every = ReplaySource(ReplayConfig(seed=3, frames=6))
+    every.open()
+    frames = read_frames(every, 6)
+    skipping = ReplaySource(ReplayConfig(seed=3, frames=6))
+    skipping.open()
+    image = np.zeros((skipping.height, skipping.width, 3), np.uint8)
+    assert skipping.skip(4) == 4
+    meta = skipping.read(image, 4)
+    np.testing.assert_array_equal(image, frames[4][0])
+    assert meta.pose == frames[4][1].pose
+    assert skipping.skip(5) == 1 and skipping.read(image, 6) is None  # the flight's frame limit holds
+
+
+def test_default_skip_reads_into_its_own_buffer(flight):
+    """Sources without a cheaper way read the skipped frames (the base class's skip)."""
+    from edgerun.sources.base import Source
+
+    a = ReplaySource(ReplayConfig(seed=4))
+    a.open()
+    b = ReplaySource(ReplayConfig(seed=4))
+    b.open()
+    assert Source.skip(a, 2) == 2 and b.skip(2) == 2
+    ia = np.zeros((a.height, a.width, 3), np.uint8)
+    ib = ia.copy()
+    a.read(ia, 2)
+    b.read(ib, 2)
+    np.testing.assert_array_equal(ia, ib)
