@@ -430,6 +430,7 @@ class Pipeline:
             try:
                 if stale and settings.policy != DROP_NEWEST:
                     self._skip(stale)
+                t_read = time.monotonic()
                 meta = source.read(slot.image, self._seq)
                 if stale and settings.policy == DROP_NEWEST and meta is not None:
                     self._skip(stale)
@@ -444,10 +445,11 @@ class Pipeline:
                 return None
             self._backoff = settings.reopen_backoff_s
             stats.stages["capture"].record(time.monotonic() - t0)
-            if self._skip_stale and meta.t_capture > due:
-                # Read on demand after it fell due: it was captured when it fell due.
-                meta.wall_time -= meta.t_capture - due
-                meta.t_capture = due
+            if self._skip_stale and t_read > due:
+                # Read on demand after it fell due: back-date it by the time it waited, as if a
+                # capture thread had read it when it fell due (the read itself counts, as for a camera).
+                meta.wall_time -= t_read - due
+                meta.t_capture -= t_read - due
             slot.meta = meta
             self._seq += 1
             stats.captured += 1
