@@ -10,7 +10,8 @@ capture stage itself waits (offline files lose nothing).
 Layouts (``PipelineSettings.stage_threads``): ``separate`` is a thread per
 stage, with one infer thread per engine replica; ``fused`` is one worker
 thread per replica doing preprocess, infer and decode of a whole frame (with
-``block`` the workers also read their frames, so there is no capture thread).
+``block``, and for paced replays, the workers also read their frames, so there
+is no capture thread; a paced replay's stale frames are skipped undecoded).
 ``auto`` fuses when a CPU engine covers every core and keeps separate threads
 for accelerators; after a failover to a CPU engine the separate layout's infer
 threads take whole frames too. Workers finish out of order; ``InOrder`` hands
