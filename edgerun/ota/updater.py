@@ -490,11 +490,16 @@ class Updater:
                 reason = f"warm-up failed: {err}"
                 await self._fail(txn, begin, reason)
                 raise Rejected("warmup_failed", reason) from None
+            try:
+                await self._io(store.journal, txn, "warmed")
+            except asyncio.CancelledError:
+                await self._close(serving)  # warmed beside the running model, never served
+                raise
         except asyncio.CancelledError:
-            # Stopped before the swap: the running model is untouched; the release is tried again next start.
+            # Stopped before the swap: the running model is untouched; the release is tried again next
+            # start. (A stop while "warmed" was being written lands here too, after it is on disk.)
             await self._io(store.abort, txn, "the node stopped during the install")
             raise
-        await self._io(store.journal, txn, "warmed")
         self._report("warmed", engine=serving[0].engine.KEY)
         return await self._trial(txn, begin, manifest, serving)
 

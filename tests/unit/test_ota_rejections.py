@@ -298,3 +298,43 @@ def test_judge_window():
     assert "inference error" in judge_window([10 * ms], [10 * ms], 2, 0, 3.0)
     assert "no batches" in judge_window([10 * ms], [], 0, 0, 3.0)
     assert "above 3 x the previous model's 10.0 ms" in judge_window([10 * ms] * 50, [40 * ms] * 50, 0, 0, 3.0)
+
+
+def test_a_stop_while_warmed_is_written_closes_the_update(tmp_path, blazeface_bundle, variants, monkeypatch):
+    """The node stopping just as "warmed" reaches the journal must not leave the update open.
+
+    The updater task is cancelled from inside the journal write (a stand-in for SIGTERM at that
+    instant), and the warmed-up model is a stand-in: no pipeline is needed to reach that step.
+    """
+    rig = Rig(tmp_path, blazeface_bundle)
+    rig.trust_keys()
+    rig.fleet.publish(variants["v2"])
+    updater, store = rig.updater, rig.updater.store
+    closed: list = []
+    monkeypatch.setattr(updater, "_open_runtime", lambda bundle, loop: ("new runtime", "new failover"))
+
+    async def close(serving) -> None:
+        closed.append(serving)
+
+    monkeypatch.setattr(updater, "_close", close)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(updater.poll_once(rig.transport))
+        loop = asyncio.get_running_loop()
+        journal = store.journal
+
+        def journal_then_stop(txn, step, **fields):
+            journal(txn, step, **fields)
+            if step == "warmed":
+                loop.call_soon_threadsafe(task.cancel)
+
+        monkeypatch.setattr(store, "journal", journal_then_stop)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    steps = [r["step"] for r in store.journal_records()]
+    assert steps[-4:] == ["staged", "warmed", "aborted", "done"], steps
+    assert store.check() == []
+    assert store.installed().version == blazeface_bundle.version  # the running model stays
+    assert closed == [("new runtime", "new failover")]  # the model warmed beside it is closed
