@@ -98,9 +98,6 @@ def weighted_nms_rows(
     order = np.argsort(-scores, kind="stable")
     rows = np.asarray(values, dtype=np.float32)[order]
     sorted_scores = np.asarray(scores, dtype=np.float32)[order]
-    out_rows = np.empty((limit, rows.shape[1]), np.float32)
-    out_scores = np.empty((limit,), np.float32)
-    out_top = np.empty((limit,), np.intp)
 
     if count <= _SMALL:
         clusters = _clusters(rows[:, :4].tolist(), iou_threshold, limit)
@@ -112,6 +109,9 @@ def weighted_nms_rows(
         means /= weights.sum(axis=1, keepdims=True)
         return means, sorted_scores[tops], order[tops]
 
+    out_rows = np.empty((limit, rows.shape[1]), np.float32)
+    out_scores = np.empty((limit,), np.float32)
+    out_top = np.empty((limit,), np.intp)
     areas = box_area(rows)
     pool = np.arange(count)
     kept = 0

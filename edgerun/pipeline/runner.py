@@ -408,7 +408,7 @@ class Pipeline:
             self._backoff = self._reopen(f"source {source.KEY} not available at start", self._backoff)
         period = self._period
         while not self._stop.is_set():
-            due, stale = 0.0, 0
+            due, skip_before, skip_after = 0.0, 0, 0
             if period:
                 delay = self._next_due - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
@@ -419,7 +419,10 @@ class Pipeline:
                     # (skipping the others first), drop_newest the oldest (skipping the others after).
                     stale = int((now - due) / period)
                     self._next_due = due + (stale + 1) * period
-                    if settings.policy != DROP_NEWEST:
+                    if settings.policy == DROP_NEWEST:
+                        skip_after = stale
+                    else:
+                        skip_before = stale
                         due += stale * period
                 else:
                     # Behind by more than a frame (slow start, a stall): resync instead of bursting.
@@ -429,12 +432,12 @@ class Pipeline:
                 continue
             t0 = time.monotonic()
             try:
-                if stale and settings.policy != DROP_NEWEST:
-                    self._skip(stale)
+                if skip_before:
+                    self._skip(skip_before)
                 t_read = time.monotonic()
                 meta = source.read(slot.image, self._seq)
-                if stale and settings.policy == DROP_NEWEST and meta is not None:
-                    self._skip(stale)
+                if skip_after and meta is not None:
+                    self._skip(skip_after)
             except SourceError as err:
                 self.pool.release(slot)
                 stats.source_errors += 1
