@@ -1,0 +1,120 @@
+"""swarm.geo: flat-ground projection, checked by hand and against the replay's own homography."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edgerun.sources.replay import ground_to_image
+from edgerun.types import Pose
+from swarm.geo import CameraPose, ErrorModel, fold_gimbal, project_box, project_boxes, project_points
+
+W, H = 640, 480
+
+
+def _nadir(up: float = 10.0, hfov: float = 90.0) -> CameraPose:
+    return CameraPose(east_m=3.0, north_m=-2.0, up_m=up, hfov_deg=hfov)
+
+
+def test_nadir_centre_and_edges_by_hand() -> None:
+    pose = _nadir()  # f = 320 px: the right edge is 45 degrees off the axis
+    fix = project_points(np.array([[320.0, 240.0], [640.0, 240.0], [320.0, 0.0], [0.0, 480.0]]), pose, W, H)
+    np.testing.assert_allclose(fix[0, :2], [3.0, -2.0], atol=1e-9)
+    np.testing.assert_allclose(fix[1, :2], [13.0, -2.0], atol=1e-9)  # image right = east at yaw 0
+    np.testing.assert_allclose(fix[2, :2], [3.0, -2.0 + 7.5], atol=1e-9)  # image up = north: 240/320 * 10 m
+    np.testing.assert_allclose(fix[3, :2], [-7.0, -9.5], atol=1e-9)
+
+
+def test_yawed_east_turns_image_up_to_east() -> None:
+    pose = CameraPose(east_m=0.0, north_m=0.0, up_m=10.0, yaw_deg=90.0, hfov_deg=90.0)
+    fix = project_points(np.array([[320.0, 0.0]]), pose, W, H)
+    np.testing.assert_allclose(fix[0, :2], [7.5, 0.0], atol=1e-9)
+
+
+def test_pitched_camera_looks_ahead() -> None:
+    # Nose up 45 degrees tilts the belly camera forward: the centre ray meets the ground 10 m north.
+    pose = CameraPose(east_m=0.0, north_m=0.0, up_m=10.0, pitch_deg=45.0, hfov_deg=60.0)
+    fix = project_points(np.array([[320.0, 240.0]]), pose, W, H)
+    np.testing.assert_allclose(fix[0, :2], [0.0, 10.0], atol=1e-9)
+    # Right wing down 30 degrees tilts it to the left (west).
+    rolled = CameraPose(east_m=0.0, north_m=0.0, up_m=10.0, roll_deg=30.0)
+    fix = project_points(np.array([[320.0, 240.0]]), rolled, W, H)
+    np.testing.assert_allclose(fix[0, :2], [-10.0 * math.tan(math.radians(30.0)), 0.0], atol=1e-9)
+
+
+def test_rays_at_or_above_the_horizon_get_none() -> None:
+    pose = CameraPose(east_m=0.0, north_m=0.0, up_m=10.0, pitch_deg=90.0, hfov_deg=60.0)  # looking at the horizon
+    assert project_box((300.0, 0.0, 340.0, 100.0), pose, W, H) is None  # bottom centre above the horizon
+    assert project_box((300.0, 200.0, 340.0, 240.0), pose, W, H) is None  # exactly on it
+    below = project_box((300.0, 300.0, 340.0, 400.0), pose, W, H)
+    assert below is not None and below.north_m > 10.0
+    fixes = project_boxes(np.array([[300.0, 0.0, 340.0, 100.0], [300.0, 300.0, 340.0, 400.0]]), pose, W, H)
+    assert np.isnan(fixes[0]).all() and np.isfinite(fixes[1]).all()
+    # A camera on or below the ground sees no ground point.
+    assert project_box((0.0, 0.0, 10.0, 10.0), CameraPose(0.0, 0.0, 0.0), W, H) is None
+
+
+def test_uncertainty_grows_with_range_and_grazing() -> None:
+    errors = ErrorModel(box_px=4.0, attitude_deg=1.0, altitude_m=0.5, position_m=0.0)
+    low = project_box((310, 230, 330, 240), _nadir(up=5.0), W, H, errors)
+    high = project_box((310, 230, 330, 240), _nadir(up=50.0), W, H, errors)
+    assert low is not None and high is not None
+    assert high.sigma_m > 5.0 * low.sigma_m
+    pose = CameraPose(east_m=0.0, north_m=0.0, up_m=10.0, pitch_deg=60.0, hfov_deg=60.0)
+    steep = project_box((310, 400, 330, 470), pose, W, H, errors)  # lower in the image: steeper ray
+    flat = project_box((310, 100, 330, 130), pose, W, H, errors)
+    assert steep is not None and flat is not None
+    assert flat.sigma_m > 3.0 * steep.sigma_m
+    # At nadir only the angular terms remain: range x angle.
+    fix = project_box((320, 230, 320, 240), _nadir(up=10.0), W, H, errors)
+    expected = 10.0 * math.hypot(4.0 / 320.0, math.radians(1.0))
+    assert fix is not None and fix.sigma_m == pytest.approx(expected, rel=1e-6)
+
+
+def test_gimbal_down_equals_belly_camera_and_folds() -> None:
+    belly = CameraPose(east_m=1.0, north_m=2.0, up_m=12.0, yaw_deg=30.0)
+    # A stabilised gimbal ignores the body's pitch and roll.
+    gimbal = CameraPose(
+        east_m=1.0, north_m=2.0, up_m=12.0, yaw_deg=30.0, pitch_deg=8.0, roll_deg=-5.0, gimbal_pitch_deg=-90.0
+    )
+    pts = np.array([[10.0, 20.0], [320.0, 240.0], [600.0, 470.0]])
+    np.testing.assert_allclose(project_points(pts, gimbal, W, H), project_points(pts, belly, W, H), atol=1e-9)
+    # Gimbal 45 degrees down, 90 degrees right of the heading north: the centre ray lands 12 m east.
+    side = CameraPose(east_m=0.0, north_m=0.0, up_m=12.0, gimbal_yaw_deg=90.0, gimbal_pitch_deg=-45.0)
+    np.testing.assert_allclose(project_points(np.array([[320.0, 240.0]]), side, W, H)[0, :2], [12.0, 0.0], atol=1e-9)
+    folded = fold_gimbal(side)
+    assert not folded.has_gimbal
+    np.testing.assert_allclose(project_points(pts, folded, W, H), project_points(pts, side, W, H), atol=1e-9)
+
+
+def test_round_trip_against_replay_homography() -> None:
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(200):
+        pose = CameraPose(
+            east_m=float(rng.uniform(-50, 50)),
+            north_m=float(rng.uniform(-50, 50)),
+            up_m=float(rng.uniform(3, 60)),
+            yaw_deg=float(rng.uniform(-180, 180)),
+            pitch_deg=float(rng.uniform(-40, 40)),
+            roll_deg=float(rng.uniform(-40, 40)),
+            hfov_deg=float(rng.uniform(40, 100)),
+        )
+        pixels = np.column_stack([rng.uniform(0, W, 50), rng.uniform(0, H, 50)])
+        fixes = project_points(pixels, pose, W, H)
+        ok = np.isfinite(fixes[:, 0])
+        if not ok.any():
+            continue
+        hom = ground_to_image(
+            Pose(pose.east_m, pose.north_m, pose.up_m, pose.yaw_deg, pose.pitch_deg, pose.roll_deg, pose.hfov_deg),
+            W,
+            H,
+        )
+        ground = np.column_stack([fixes[ok, 0], fixes[ok, 1], np.ones(int(ok.sum()))])
+        back = ground @ hom.T
+        assert (back[:, 2] > 0).all()  # in front of the camera
+        np.testing.assert_allclose(back[:, :2] / back[:, 2:], pixels[ok], atol=1e-6)
+        checked += int(ok.sum())
+    assert checked > 5000
