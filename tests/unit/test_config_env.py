@@ -81,7 +81,8 @@ NO_KEY = "names no config key (EDGERUN_<SECTION>_<KEY>, e.g. EDGERUN_SINKS_MQTT_
         ("EDGERUN_SERVICE_HTTP_PORT", "eighty", "service.http_port: expected int, got 'eighty'"),
         ("EDGERUN_SINKS_MQTT_ENABLED", "maybe", "sinks.mqtt.enabled: expected bool, got 'maybe'"),
         (
-            "EDGERUN_PIPELINE_POLICY", "fast",
+            "EDGERUN_PIPELINE_POLICY",
+            "fast",
             "pipeline.policy: expected one of 'drop_oldest', 'drop_newest', 'block', got 'fast'",
         ),
         ("EDGERUN_ENGINE_ORDER", "tpu", "engine.order[0]: expected one of edgetpu, onnx, tensorrt, tflite, got 'tpu'"),
