@@ -1,0 +1,549 @@
+"""Detection dedup between drones: ground tracks -> gossiped claims -> one owner reports each object.
+
+Sans-I/O: the caller hands in this node's ground fixes (``observe``), peers'
+claim payloads (``receive``) and the time; it gossips what ``outgoing`` returns
+(``Membership.queue_broadcast(key, payload)``: one key per track, so a newer
+claim replaces a queued older one) and publishes what ``tick`` returns.
+
+* A node's successive fixes of one class within a distance gate are one track;
+  each track is a ``Claim`` (class, position, uncertainty, first/last seen, best
+  score, node, track id, whether its object was reported).
+* Two claims of one class are the same object when their positions agree within
+  ``radius_m`` widened by their uncertainties and their seen intervals overlap
+  within ``window_s``; an object is a connected group of such claims, so every
+  node that holds the same claims groups them the same way, whatever order they
+  arrived in.
+* The object's owner is the first of its claims in one total order (best score,
+  then node id, then track id). Only the owner reports it, once; a node whose
+  track belongs to an object some claim says was reported marks its own claim
+  reported and stays quiet. After a partition heals, claims from both sides meet,
+  carry ``reported``, and nobody reports the object again.
+* ``hold_s`` delays a track's decision that long after its first fix so peers'
+  claims can arrive; 0 reports at once and suppresses later copies.
+
+Everything expires ``window_s`` after it was last seen or heard, and every table
+has a cap, so memory is bounded under any input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import msgspec
+
+OBJECT_SCHEMA = "edgerun.object/1"
+CLAIM_TAG = 1  # first element of every claim payload (other app gossip uses other tags)
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    radius_m: float = 5.0  # two claims of one class closer than this are one object ...
+    sigma_gate: float = 2.0  # ... widened by this many of their combined uncertainties ...
+    max_gate_m: float = 25.0  # ... up to this distance
+    window_s: float = 60.0  # seen within this long of each other; also how long state is kept
+    hold_s: float = 0.0  # wait this long after a track's first fix for peers' claims; 0: decide at once
+    track_gate_m: float = 2.0  # a fix joins this node's track of its class within this (widened the same way)
+    track_timeout_s: float = 3.0  # a track with no fix for this long ends (its claim is kept for window_s)
+    track_noise_m2_s: float = 0.25  # how far a tracked object may wander, m^2/s (the track filter's process noise)
+    min_hits: int = 1  # fixes a track needs before it claims anything
+    claim_min_interval_s: float = 2.0  # a changed claim is gossiped at most this often ...
+    claim_refresh_s: float = 15.0  # ... and unchanged ones this often, so healed partitions and late joiners learn it
+    max_tracks: int = 256
+    max_claims_per_node: int = 128
+    max_nodes: int = 128
+    max_payload_bytes: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One ground fix of this node: a detection of ``label`` projected onto the ground."""
+
+    label: str
+    east_m: float
+    north_m: float
+    sigma_m: float
+    score: float
+
+
+NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+U32 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
+I32 = Annotated[int, msgspec.Meta(ge=-0x80000000, le=0x7FFFFFFF)]
+
+
+class Claim(msgspec.Struct, array_like=True, frozen=True, tag=CLAIM_TAG):
+    """One track of one node, as gossiped: integers in fixed units keep it small (about 45 bytes)."""
+
+    node: NodeId
+    track: U32
+    label: Annotated[str, msgspec.Meta(max_length=32)]
+    east_dm: I32  # decimetres
+    north_dm: I32
+    sigma_dm: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF)]
+    first_ms: Annotated[int, msgspec.Meta(ge=0, le=2**53)]  # wall clock, Unix milliseconds
+    span_ms: U32  # last seen - first seen
+    score_pm: Annotated[int, msgspec.Meta(ge=0, le=1000)]  # best score, per mille
+    reported: bool
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node, self.track)
+
+    @property
+    def east_m(self) -> float:
+        return self.east_dm / 10.0
+
+    @property
+    def north_m(self) -> float:
+        return self.north_dm / 10.0
+
+    @property
+    def sigma_m(self) -> float:
+        return self.sigma_dm / 10.0
+
+    @property
+    def last_ms(self) -> int:
+        return self.first_ms + self.span_ms
+
+    def version(self) -> tuple[Any, ...]:
+        """Newer claims of one track compare greater (a restarted node's tracks start later): any order converges."""
+        return (self.first_ms, self.span_ms, self.reported, self.score_pm, self.sigma_dm, self.east_dm,
+                self.north_dm, self.label)  # fmt: skip
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Claim)
+
+
+def encode_claim(claim: Claim) -> bytes:
+    return _ENCODER.encode(claim)
+
+
+def claim_key(claim: Claim) -> bytes:
+    """The gossip key: one per node and track, so a newer claim replaces the queued older one."""
+    return _track_key(claim.node, claim.track)
+
+
+def _track_key(node: str, track: int) -> bytes:
+    return f"claim/{node}/{track}".encode()
+
+
+def owner_order(claim: Claim) -> tuple[int, str, int]:
+    """The total order that picks an object's owner (smallest first): best score, then node id, then track."""
+    return (-claim.score_pm, claim.node, claim.track)
+
+
+def object_id(first: Claim) -> str:
+    """A stable object id from the object's earliest claim: every node derives the same one."""
+    digest = hashlib.blake2b(f"{first.node}/{first.track}/{first.first_ms}".encode(), digest_size=8)
+    return digest.hexdigest()
+
+
+def same_object(a: Claim, b: Claim, cfg: DedupConfig) -> bool:
+    """Whether two claims describe one object: class, distance (radius widened by uncertainty) and time."""
+    if a.label != b.label:
+        return False
+    window_ms = cfg.window_s * 1000.0
+    if a.first_ms - window_ms > b.last_ms or b.first_ms - window_ms > a.last_ms:
+        return False
+    gate = min(cfg.radius_m + cfg.sigma_gate * math.hypot(a.sigma_m, b.sigma_m), max(cfg.radius_m, cfg.max_gate_m))
+    return math.hypot(a.east_m - b.east_m, a.north_m - b.north_m) <= gate
+
+
+class _ClaimIndex:
+    """Claims bucketed by class and ground cell, for finding the group of one claim without comparing all pairs."""
+
+    def __init__(self, claims: list[Claim], cfg: DedupConfig) -> None:
+        self.cfg = cfg
+        self.cell = max(cfg.radius_m, cfg.max_gate_m)
+        self.buckets: dict[tuple[str, int, int], list[Claim]] = {}
+        for c in claims:
+            self.buckets.setdefault(self._cell_of(c), []).append(c)
+
+    def _cell_of(self, c: Claim) -> tuple[str, int, int]:
+        return (c.label, math.floor(c.east_m / self.cell), math.floor(c.north_m / self.cell))
+
+    def group(self, start: Claim) -> list[Claim]:
+        """Every claim connected to ``start`` by same_object (its object), in owner order."""
+        seen = {start.key: start}
+        todo = [start]
+        while todo:
+            c = todo.pop()
+            label, cx, cy = self._cell_of(c)
+            for dx in (-1, 0, 1):
+                for dy in (-1, 0, 1):
+                    for other in self.buckets.get((label, cx + dx, cy + dy), ()):
+                        if other.key not in seen and same_object(c, other, self.cfg):
+                            seen[other.key] = other
+                            todo.append(other)
+        return sorted(seen.values(), key=owner_order)
+
+
+def group_owners(claims: list[Claim], cfg: DedupConfig) -> dict[tuple[str, int], tuple[str, int]]:
+    """Each claim's object owner (node, track): a pure function of the claim set, whatever its order."""
+    index = _ClaimIndex(claims, cfg)
+    owners: dict[tuple[str, int], tuple[str, int]] = {}
+    for c in claims:
+        if c.key in owners:
+            continue
+        members = index.group(c)
+        for m in members:
+            owners[m.key] = members[0].key
+    return owners
+
+
+@dataclass(frozen=True, slots=True)
+class FleetObject:
+    """One object as the fleet reports it (schema ``edgerun.object/1``)."""
+
+    id: str
+    label: str
+    east_m: float
+    north_m: float
+    uncertainty_m: float
+    first_seen: float  # wall clock, Unix seconds
+    last_seen: float
+    score: float
+    owner: str
+    seen_by: tuple[str, ...]
+    ts: float  # wall clock of the report
+
+    @classmethod
+    def from_claims(cls, members: list[Claim], owner: str, wall: float) -> FleetObject:
+        """Fuse an object's claims: inverse-variance mean position, earliest first and latest last seen."""
+        weights = [1.0 / max(c.sigma_m, 0.1) ** 2 for c in members]
+        total = sum(weights)
+        first = min(members, key=lambda c: (c.first_ms, c.node, c.track))
+        return cls(
+            id=object_id(first),
+            label=first.label,
+            east_m=sum(w * c.east_m for w, c in zip(weights, members)) / total,
+            north_m=sum(w * c.north_m for w, c in zip(weights, members)) / total,
+            uncertainty_m=math.sqrt(1.0 / total),
+            first_seen=first.first_ms / 1000.0,
+            last_seen=max(c.last_ms for c in members) / 1000.0,
+            score=max(c.score_pm for c in members) / 1000.0,
+            owner=owner,
+            seen_by=tuple(sorted({c.node for c in members})),
+            ts=wall,
+        )
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON object documented in README.md and edgerun/schema/object-v1.json."""
+        return {
+            "schema": OBJECT_SCHEMA,
+            "id": self.id,
+            "label": self.label,
+            "east_m": round(self.east_m, 2),
+            "north_m": round(self.north_m, 2),
+            "uncertainty_m": round(self.uncertainty_m, 2),
+            "first_seen": round(self.first_seen, 3),
+            "last_seen": round(self.last_seen, 3),
+            "score": round(self.score, 3),
+            "owner": self.owner,
+            "seen_by": list(self.seen_by),
+            "ts": round(self.ts, 6),
+        }
+
+
+@dataclass(slots=True)
+class _Track:
+    id: int
+    label: str
+    east_m: float
+    north_m: float
+    var_m2: float
+    first_wall: float
+    last_wall: float
+    created: float  # monotonic
+    last_fix: float  # monotonic
+    score: float
+    hits: int = 1
+    reported: bool = False
+    claim: Claim | None = None  # the last claim gossiped
+    sent_at: float = -math.inf
+
+    def to_claim(self, node: str) -> Claim:
+        first_ms = int(self.first_wall * 1000.0)
+        return Claim(
+            node=node,
+            track=self.id,
+            label=self.label,
+            east_dm=_clamp(round(self.east_m * 10.0), -0x80000000, 0x7FFFFFFF),
+            north_dm=_clamp(round(self.north_m * 10.0), -0x80000000, 0x7FFFFFFF),
+            sigma_dm=_clamp(round(math.sqrt(self.var_m2) * 10.0), 0, 0xFFFF),
+            first_ms=max(0, first_ms),
+            span_ms=_clamp(int(self.last_wall * 1000.0) - first_ms, 0, 0xFFFFFFFF),
+            score_pm=_clamp(round(self.score * 1000.0), 0, 1000),
+            reported=self.reported,
+        )
+
+
+@dataclass(slots=True)
+class _Held:
+    claim: Claim
+    heard: float  # monotonic
+
+
+@dataclass
+class DedupStats:
+    objects_reported: int = 0
+    suppressed: int = 0  # this node's tracks left unreported because their object was reported
+    claims_sent: int = 0
+    claims_received: int = 0
+    tracks_evicted: int = 0  # own tracks dropped at the cap before they expired
+    dropped: dict[str, int] = field(default_factory=dict)  # peer claims and fixes dropped, by reason
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+class Dedup:
+    """One node's side of fleet dedup (sans-I/O; see the module docstring)."""
+
+    def __init__(self, node_id: str, cfg: DedupConfig | None = None, *, now: float) -> None:
+        if not 1 <= len(node_id) <= 64:
+            raise ValueError(f"dedup: node id must be 1-64 characters, got {len(node_id)}")
+        self.node_id = node_id
+        self.cfg = cfg or DedupConfig()
+        self.stats = DedupStats()
+        self._tracks: OrderedDict[int, _Track] = OrderedDict()  # oldest last fix first
+        self._peers: OrderedDict[str, dict[int, _Held]] = OrderedDict()  # least recently heard first
+        self._outbox: dict[bytes, bytes] = {}
+        self._next_track = 0
+        self._now = now
+
+    # inputs
+
+    def observe(self, fixes: list[Observation], now: float, wall: float) -> None:
+        """This node's ground fixes of one frame: each joins its nearest live track of its class, or starts one."""
+        self._now = now
+        cfg = self.cfg
+        live = [t for t in self._tracks.values() if now - t.last_fix <= cfg.track_timeout_s]
+        pairs: list[tuple[float, int, int]] = []
+        valid: list[Observation] = []
+        for fix in fixes:
+            if not (math.isfinite(fix.east_m) and math.isfinite(fix.north_m) and math.isfinite(fix.sigma_m)):
+                self.stats.drop("fix_not_finite")
+                continue
+            if not 1 <= len(fix.label) <= 32 or abs(fix.east_m) > 2e8 or abs(fix.north_m) > 2e8:
+                self.stats.drop("fix_invalid")
+                continue
+            valid.append(fix)
+        for i, fix in enumerate(valid):
+            for t in live:
+                if t.label != fix.label:
+                    continue
+                dist = math.hypot(fix.east_m - t.east_m, fix.north_m - t.north_m)
+                gate = min(cfg.track_gate_m + cfg.sigma_gate * math.hypot(fix.sigma_m, math.sqrt(t.var_m2)),
+                           cfg.max_gate_m)  # fmt: skip
+                if dist <= gate:
+                    pairs.append((dist, i, t.id))
+        pairs.sort()
+        used_fix: set[int] = set()
+        used_track: set[int] = set()
+        for _, i, tid in pairs:
+            if i in used_fix or tid in used_track:
+                continue
+            used_fix.add(i)
+            used_track.add(tid)
+            self._update(self._tracks[tid], valid[i], now, wall)
+        for i, fix in enumerate(valid):
+            if i not in used_fix:
+                used_track.add(self._start(fix, now, wall))
+        # Peers hear of new and moved tracks at once, not at the next tick.
+        touched = (self._tracks[tid] for tid in used_track if tid in self._tracks)
+        self._queue_claims([t for t in touched if t.hits >= cfg.min_hits], now)
+
+    def receive(self, payload: bytes, now: float) -> None:
+        """A claim gossiped by a peer. Never raises: a bad payload is dropped and counted by reason."""
+        self._now = now
+        if not payload:
+            self.stats.drop("empty")
+            return
+        if len(payload) > self.cfg.max_payload_bytes:
+            self.stats.drop("oversized")
+            return
+        try:
+            claim = _DECODER.decode(payload)
+        except msgspec.ValidationError:
+            self.stats.drop("invalid")
+            return
+        except msgspec.DecodeError:
+            self.stats.drop("malformed")
+            return
+        if claim.node == self.node_id:
+            self.stats.drop("own")
+            return
+        self.stats.claims_received += 1
+        claims = self._peers.get(claim.node)
+        if claims is None:
+            if len(self._peers) >= self.cfg.max_nodes:
+                _, evicted = self._peers.popitem(last=False)
+                for _ in evicted:
+                    self.stats.drop("node_cap")
+            claims = self._peers[claim.node] = {}
+        else:
+            self._peers.move_to_end(claim.node)
+        held = claims.get(claim.track)
+        if held is not None and claim.version() < held.claim.version():
+            self.stats.drop("stale")
+            return
+        if held is None and len(claims) >= self.cfg.max_claims_per_node:
+            oldest = min(claims.values(), key=lambda h: (h.heard, h.claim.last_ms, h.claim.track))
+            del claims[oldest.claim.track]
+            self.stats.drop("claim_cap")
+        claims[claim.track] = _Held(claim, now)
+
+    def resend_claims(self) -> None:
+        """Queue every claim again at once: call on a member join or a healed partition, whom gossip has not told."""
+        for t in self._tracks.values():
+            if t.hits >= self.cfg.min_hits:
+                t.sent_at = -math.inf
+                t.claim = None
+
+    def forget_node(self, node: str) -> None:
+        """Drop a peer's claims at once (it died or left): another node may then own its objects."""
+        self._peers.pop(node, None)
+
+    # outputs
+
+    def tick(self, now: float, wall: float) -> list[FleetObject]:
+        """Expire old state, decide ownership of this node's undecided tracks; the objects to publish now."""
+        self._now = now
+        self._expire(now)
+        cfg = self.cfg
+        own = {t.id: t for t in self._tracks.values() if t.hits >= cfg.min_hits}
+        claims = [t.to_claim(self.node_id) for t in own.values()]
+        claims.extend(h.claim for peer in self._peers.values() for h in peer.values())
+        index = _ClaimIndex(claims, cfg)
+        by_key = {c.key: c for c in claims}
+        reports: list[FleetObject] = []
+        for track in own.values():
+            if track.reported or now - track.created < cfg.hold_s:
+                continue
+            members = index.group(by_key[(self.node_id, track.id)])
+            if any(c.reported for c in members):
+                track.reported = True
+                self.stats.suppressed += 1
+                continue
+            owner = members[0]
+            if owner.node != self.node_id:
+                continue  # a peer's claim comes first: that peer reports
+            reports.append(FleetObject.from_claims(members, self.node_id, wall))
+            self.stats.objects_reported += 1
+            for c in members:
+                if c.node == self.node_id:
+                    own[c.track].reported = True
+        self._queue_claims(own.values(), now)
+        return reports
+
+    def outgoing(self) -> list[tuple[bytes, bytes]]:
+        """Claims to gossip: (key, payload) pairs for ``Membership.queue_broadcast``."""
+        out = list(self._outbox.items())
+        self._outbox.clear()
+        return out
+
+    def get_timer(self) -> float | None:
+        """The next time ``tick`` has something to do (a hold ending, a claim refresh, an expiry)."""
+        cfg = self.cfg
+        times = []
+        for t in self._tracks.values():
+            if not t.reported and t.hits >= cfg.min_hits:
+                times.append(t.created + cfg.hold_s)
+            if t.claim is not None:
+                times.append(t.sent_at + cfg.claim_refresh_s)
+            times.append(t.last_fix + cfg.window_s)
+        for peer in self._peers.values():
+            times.extend(h.heard + cfg.window_s for h in peer.values())
+        return min(times) if times else None
+
+    # state
+
+    @property
+    def tracks(self) -> int:
+        return len(self._tracks)
+
+    @property
+    def claims_held(self) -> int:
+        return sum(len(p) for p in self._peers.values())
+
+    def held_claims(self) -> list[Claim]:
+        """Every claim this node holds now: its own tracks' and its peers'."""
+        own = [t.to_claim(self.node_id) for t in self._tracks.values() if t.hits >= self.cfg.min_hits]
+        return own + [h.claim for peer in self._peers.values() for h in peer.values()]
+
+    # internals
+
+    def _start(self, fix: Observation, now: float, wall: float) -> int:
+        if len(self._tracks) >= self.cfg.max_tracks:
+            evicted, _ = self._tracks.popitem(last=False)
+            self._outbox.pop(_track_key(self.node_id, evicted), None)
+            self.stats.tracks_evicted += 1
+        track = _Track(
+            id=self._next_track,
+            label=fix.label,
+            east_m=fix.east_m,
+            north_m=fix.north_m,
+            var_m2=max(fix.sigma_m, 0.0) ** 2,
+            first_wall=wall,
+            last_wall=wall,
+            created=now,
+            last_fix=now,
+            score=min(max(fix.score, 0.0), 1.0),
+        )
+        self._next_track = (self._next_track + 1) & 0xFFFFFFFF
+        self._tracks[track.id] = track
+        return track.id
+
+    def _update(self, t: _Track, fix: Observation, now: float, wall: float) -> None:
+        # A static-object Kalman step per axis: the position may wander by track_noise_m2_s.
+        var = t.var_m2 + self.cfg.track_noise_m2_s * max(0.0, now - t.last_fix)
+        meas = max(fix.sigma_m, 0.01) ** 2
+        gain = var / (var + meas)
+        t.east_m += gain * (fix.east_m - t.east_m)
+        t.north_m += gain * (fix.north_m - t.north_m)
+        t.var_m2 = (1.0 - gain) * var
+        t.last_wall = max(t.last_wall, wall)
+        t.last_fix = now
+        t.score = max(t.score, min(max(fix.score, 0.0), 1.0))
+        t.hits += 1
+        self._tracks.move_to_end(t.id)
+
+    def _queue_claims(self, tracks: Any, now: float) -> None:
+        cfg = self.cfg
+        for t in tracks:
+            claim = t.to_claim(self.node_id)
+            sent = t.claim
+            if sent is None or sent.reported != claim.reported:
+                due = True  # new, or its object was just reported: peers must learn it at once
+            elif now - t.sent_at >= cfg.claim_refresh_s:
+                due = True
+            elif now - t.sent_at >= cfg.claim_min_interval_s:
+                moved = math.hypot(claim.east_m - sent.east_m, claim.north_m - sent.north_m)
+                due = moved > max(0.5, sent.sigma_m / 2.0) or claim.score_pm >= sent.score_pm + 50
+            else:
+                due = False
+            if due:
+                t.claim = claim
+                t.sent_at = now
+                self._outbox[claim_key(claim)] = encode_claim(claim)
+                self.stats.claims_sent += 1
+
+    def _expire(self, now: float) -> None:
+        window = self.cfg.window_s
+        for tid in [tid for tid, t in self._tracks.items() if now - t.last_fix > window]:
+            del self._tracks[tid]
+        for node in list(self._peers):
+            claims = self._peers[node]
+            for track in [k for k, h in claims.items() if now - h.heard > window]:
+                del claims[track]
+            if not claims:
+                del self._peers[node]
+
+
+def _clamp(value: int, lo: int, hi: int) -> int:
+    return lo if value < lo else hi if value > hi else value

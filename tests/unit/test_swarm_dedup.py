@@ -1,0 +1,317 @@
+"""swarm.dedup: tracks, claims on the wire, the owner order, hold time, partitions and bounded memory."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import jsonschema
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swarm.dedup import (
+    Claim,
+    Dedup,
+    DedupConfig,
+    FleetObject,
+    Observation,
+    encode_claim,
+    group_owners,
+    owner_order,
+)
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "edgerun" / "schema" / "object-v1.json").read_text())
+WALL0 = 1_795_000_000.0
+
+
+def face(east: float, north: float, score: float = 0.8, sigma: float = 0.5) -> Observation:
+    return Observation("face", east, north, sigma, score)
+
+
+def exchange(*nodes: Dedup, now: float) -> None:
+    """Deliver every node's queued claims to every other node (gossip without loss)."""
+    batches = [(n, n.outgoing()) for n in nodes]
+    for sender, out in batches:
+        for other in nodes:
+            if other is not sender:
+                for _, payload in out:
+                    other.receive(payload, now)
+
+
+claims_st = st.builds(
+    Claim,
+    node=st.sampled_from(["a", "b", "c", "drone-7", "zz"]),
+    track=st.integers(0, 6),
+    label=st.sampled_from(["face", "person"]),
+    east_dm=st.integers(-300, 300),
+    north_dm=st.integers(-300, 300),
+    sigma_dm=st.integers(0, 40),
+    first_ms=st.integers(0, 200_000),
+    span_ms=st.integers(0, 20_000),
+    score_pm=st.integers(0, 1000),
+    reported=st.booleans(),
+)
+
+
+# -- the wire ---------------------------------------------------------------------------------------------------
+
+
+@given(claims_st)
+def test_claim_round_trips_and_is_small(claim: Claim) -> None:
+    payload = encode_claim(claim)
+    assert len(payload) <= 64
+    node = Dedup("observer", now=0.0)
+    node.receive(payload, 0.0)
+    assert node.held_claims() == [claim]
+    assert node.stats.claims_received == 1 and not node.stats.dropped
+
+
+@given(st.binary(max_size=300))
+def test_no_byte_string_makes_receive_raise(data: bytes) -> None:
+    node = Dedup("observer", now=0.0)
+    node.receive(data, 0.0)
+    assert node.stats.claims_received + sum(node.stats.dropped.values()) == 1
+
+
+@given(
+    st.lists(
+        st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=70), st.floats(), st.booleans(), st.none()),
+        max_size=14,
+    )
+)
+def test_claim_shaped_garbage_is_dropped_as_invalid(fields: list) -> None:
+    node = Dedup("observer", now=0.0)
+    node.receive(msgspec.msgpack.encode([1, *fields]), 0.0)
+    assert node.stats.claims_received + sum(node.stats.dropped.values()) == 1
+    if node.stats.claims_received == 0:
+        assert set(node.stats.dropped) <= {"invalid", "oversized"}
+
+
+def test_bad_payloads_counted_by_reason() -> None:
+    node = Dedup("me", now=0.0)
+    good = Claim("peer", 1, "face", 10, 10, 5, 1000, 10, 900, False)
+    node.receive(b"", 0.0)
+    node.receive(b"\xc1", 0.0)  # msgpack's never-used byte
+    node.receive(b"\x91" * 300, 0.0)
+    node.receive(msgspec.msgpack.encode([1, "peer", -1, "face", 0, 0, 0, 0, 0, 0, False]), 0.0)  # negative track
+    node.receive(encode_claim(Claim("me", 1, "face", 0, 0, 0, 0, 0, 0, False)), 0.0)  # our own, echoed
+    node.receive(encode_claim(good), 0.0)
+    older = Claim("peer", 1, "face", 10, 10, 5, 1000, 5, 900, False)
+    node.receive(encode_claim(older), 0.0)
+    assert node.stats.dropped == {"empty": 1, "malformed": 1, "oversized": 1, "invalid": 1, "own": 1, "stale": 1}
+    assert node.held_claims() == [good]
+
+
+# -- the owner order --------------------------------------------------------------------------------------------
+
+
+@given(st.lists(claims_st, max_size=40, unique_by=lambda c: (c.node, c.track)), st.randoms(use_true_random=False))
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=150)
+def test_owner_order_is_total_and_the_same_on_every_node(claims: list[Claim], rnd: random.Random) -> None:
+    keys = [owner_order(c) for c in claims]
+    assert len(set(keys)) == len(keys)  # no two distinct claims tie: the order is total
+    cfg = DedupConfig()
+    expected = group_owners(claims, cfg)
+    # Each owner comes first in the order among the claims it owns, and owns itself.
+    by_key = {c.key: c for c in claims}
+    for key, owner in expected.items():
+        assert owner_order(by_key[owner]) <= owner_order(by_key[key])
+        assert expected[owner] == owner
+    views = []
+    for name in ("x", "y", "z"):
+        node = Dedup(name, cfg, now=0.0)
+        shuffled = list(claims)
+        rnd.shuffle(shuffled)
+        # Older versions of some claims arrive too, before or after the newest: they must not win.
+        for c in shuffled:
+            if c.span_ms and rnd.random() < 0.3:
+                node.receive(encode_claim(msgspec.structs.replace(c, span_ms=c.span_ms - 1)), 0.0)
+            node.receive(encode_claim(c), 0.0)
+        held = node.held_claims()
+        assert sorted(held, key=owner_order) == sorted(claims, key=owner_order)
+        views.append(group_owners(held, cfg))
+    assert views[0] == views[1] == views[2] == expected
+
+
+# -- tracks and reports -----------------------------------------------------------------------------------------
+
+
+def test_successive_fixes_make_one_track_and_one_report() -> None:
+    node = Dedup("a", now=0.0)
+    reports = []
+    for i in range(30):
+        t = i * 0.1
+        node.observe([face(10.0 + 0.05 * i, 20.0), face(40.0, 5.0)], t, WALL0 + t)
+        reports += node.tick(t, WALL0 + t)
+    assert node.tracks == 2
+    assert sorted((r.label, round(r.east_m), round(r.north_m)) for r in reports) == [("face", 10, 20), ("face", 40, 5)]
+    # A fix of another class at the same place is another object.
+    node.observe([Observation("person", 40.0, 5.0, 0.5, 0.9)], 3.0, WALL0 + 3.0)
+    assert [r.label for r in node.tick(3.0, WALL0 + 3.0)] == ["person"]
+    assert node.stats.objects_reported == 3
+
+
+def test_fleet_payload_matches_schema() -> None:
+    a, b = Dedup("drone-a", DedupConfig(hold_s=1.0), now=0.0), Dedup("drone-b", DedupConfig(hold_s=1.0), now=0.0)
+    a.observe([face(5.0, 5.0, score=0.7, sigma=1.0)], 0.0, WALL0)
+    b.observe([face(6.0, 5.0, score=0.9, sigma=1.0)], 0.0, WALL0 + 0.5)
+    for node in (a, b):
+        assert node.tick(0.0, WALL0) == []  # holding
+    exchange(a, b, now=0.1)
+    objects = a.tick(1.0, WALL0 + 1.0) + b.tick(1.0, WALL0 + 1.0)
+    assert len(objects) == 1
+    obj = objects[0]
+    payload = obj.to_payload()
+    jsonschema.validate(payload, SCHEMA)
+    assert payload["owner"] == "drone-b" and payload["seen_by"] == ["drone-a", "drone-b"]
+    assert payload["east_m"] == 5.5 and payload["score"] == 0.9 and payload["first_seen"] == WALL0
+    assert json.loads(json.dumps(payload)) == payload
+    bad = dict(payload, score=1.5)
+    try:
+        jsonschema.validate(bad, SCHEMA)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("score above 1 accepted by the schema")
+
+
+def test_hold_time_waits_for_peers_and_the_best_claim_reports() -> None:
+    cfg = DedupConfig(hold_s=0.6)
+    nodes = [Dedup(n, cfg, now=0.0) for n in ("a", "b", "c")]
+    scores = {"a": 0.7, "b": 0.95, "c": 0.8}
+    reports: dict[str, list[FleetObject]] = {n.node_id: [] for n in nodes}
+    for step in range(20):
+        t = step * 0.1
+        for n in nodes:
+            n.observe([face(12.0 + 0.3 * "abc".index(n.node_id), 7.0, score=scores[n.node_id])], t, WALL0 + t)
+            reports[n.node_id] += n.tick(t, WALL0 + t)
+        if step == 2:  # claims arrive within the hold
+            exchange(*nodes, now=t)
+        assert all(not r for r in reports.values()) or t >= 0.6
+    assert [len(reports[n]) for n in "abc"] == [0, 1, 0]
+    assert reports["b"][0].seen_by == ("a", "b", "c")
+    # The others learn it was reported and mark their own claims.
+    exchange(*nodes, now=2.0)
+    for n in nodes:
+        n.tick(2.1, WALL0 + 2.1)
+    exchange(*nodes, now=2.2)
+    assert nodes[0].stats.suppressed == 1 and nodes[2].stats.suppressed == 1
+    assert {c.reported for n in nodes for c in n.held_claims()} == {True}
+
+
+def test_hold_zero_reports_at_once_and_suppresses_later_duplicates() -> None:
+    a, b = Dedup("a", now=0.0), Dedup("b", now=0.0)
+    a.observe([face(3.0, 3.0, score=0.6)], 0.0, WALL0)
+    first = a.tick(0.0, WALL0)
+    assert len(first) == 1 and first[0].owner == "a"
+    exchange(a, b, now=0.1)
+    # b sees it later with a better score: it would come first in the order, but the object is reported.
+    b.observe([face(4.0, 3.5, score=0.99)], 5.0, WALL0 + 5.0)
+    assert b.tick(5.0, WALL0 + 5.0) == []
+    assert b.stats.suppressed == 1 and b.stats.objects_reported == 0
+
+
+def test_outside_the_radius_or_the_window_is_another_object() -> None:
+    cfg = DedupConfig(radius_m=5.0, sigma_gate=2.0, window_s=30.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(0.0, 0.0, sigma=0.5)], 0.0, WALL0)
+    assert len(a.tick(0.0, WALL0)) == 1
+    exchange(a, b, now=0.0)
+    b.observe([face(6.0, 0.0, sigma=0.5)], 1.0, WALL0 + 1.0)  # 6 m: within 5 + 2 * hypot(0.5, 0.5) = 6.41 m
+    assert b.tick(1.0, WALL0 + 1.0) == []
+    b.observe([face(0.0, 8.0, sigma=0.5)], 1.1, WALL0 + 1.1)  # 8 m: beyond the widened radius
+    assert len(b.tick(1.1, WALL0 + 1.1)) == 1
+    # The same spot 40 s after a's last sighting (window 30 s): a new object.
+    b.observe([face(0.0, 0.0, sigma=0.5)], 40.0, WALL0 + 40.0)
+    assert len(b.tick(40.0, WALL0 + 40.0)) == 1
+
+
+def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
+    cfg = DedupConfig(hold_s=0.5, window_s=60.0)
+    west = [Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)]
+    east = [Dedup("c", cfg, now=0.0)]
+    counts = {n.node_id: 0 for n in west + east}
+    for step in range(50):
+        t = step * 0.2
+        for n in west + east:
+            n.observe([face(20.0 + 0.2 * (step % 3), 30.0, score=0.5 + 0.1 * "abc".index(n.node_id))], t, WALL0 + t)
+            counts[n.node_id] += len(n.tick(t, WALL0 + t))
+        exchange(*west, now=t)  # the partition: c hears nobody
+        exchange(*east, now=t)
+    assert sum(counts[n] for n in "ab") == 1 and counts["c"] == 1  # one report per side
+    for step in range(50, 100):  # healed
+        t = step * 0.2
+        for n in west + east:
+            n.observe([face(20.0, 30.0, score=0.9)], t, WALL0 + t)
+            counts[n.node_id] += len(n.tick(t, WALL0 + t))
+        exchange(*west, *east, now=t)
+    assert sum(counts.values()) == 2
+    # A fresh drone joins after the heal: the others resend their claims on its join event; it stays quiet.
+    late = Dedup("d", cfg, now=20.0)
+    for n in west + east:
+        n.resend_claims()
+    for step in range(100, 200):
+        t = step * 0.2
+        for n in west + east:
+            n.tick(t, WALL0 + t)
+        exchange(*west, *east, late, now=t)
+        late.observe([face(20.5, 30.0, score=1.0)], t, WALL0 + t)
+        counts["d"] = counts.get("d", 0) + len(late.tick(t, WALL0 + t))
+    assert counts["d"] == 0 and late.stats.suppressed == 1
+
+
+def test_a_dead_owner_hands_over_when_its_claims_are_forgotten() -> None:
+    cfg = DedupConfig(hold_s=1.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
+    b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
+    exchange(a, b, now=0.1)
+    assert b.tick(1.0, WALL0 + 1.0) == []  # a comes first in the order
+    b.forget_node("a")  # a died before reporting
+    assert [o.owner for o in b.tick(1.1, WALL0 + 1.1)] == ["b"]
+
+
+def test_state_expires_after_the_window() -> None:
+    cfg = DedupConfig(window_s=10.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(1.0, 1.0)], 0.0, WALL0)
+    a.tick(0.0, WALL0)
+    exchange(a, b, now=0.0)
+    assert b.claims_held == 1 and a.tracks == 1
+    a.tick(10.5, WALL0 + 10.5)
+    b.tick(10.5, WALL0 + 10.5)
+    assert a.tracks == 0 and b.claims_held == 0 and a.get_timer() is None
+
+
+def test_claims_are_regossiped_only_when_due() -> None:
+    cfg = DedupConfig(claim_min_interval_s=2.0, claim_refresh_s=15.0)
+    a = Dedup("a", cfg, now=0.0)
+    sent = []
+    for step in range(301):  # 30 s at 10 fixes per second of a still object
+        t = step * 0.1
+        a.observe([face(1.0, 1.0)], t, WALL0 + t)
+        a.tick(t, WALL0 + t)
+        sent += a.outgoing()
+    # New, then reported (same key, replaced while queued: one payload), then refreshes at 15 s and 30 s.
+    assert len(sent) == 3
+    assert {key for key, _ in sent} == {b"claim/a/0"}
+
+
+def test_memory_is_bounded_under_a_flood() -> None:
+    cfg = DedupConfig(max_tracks=50, max_claims_per_node=20, max_nodes=10)
+    node = Dedup("me", cfg, now=0.0)
+    rng = random.Random(3)
+    for i in range(5000):
+        claim = Claim(f"n{rng.randrange(100)}", rng.randrange(10_000), "face", rng.randrange(-9999, 9999),
+                      rng.randrange(-9999, 9999), 3, i, 0, rng.randrange(1000), False)  # fmt: skip
+        node.receive(encode_claim(claim), i * 0.001)
+    for i in range(2000):
+        node.observe([face(rng.uniform(-1e4, 1e4), rng.uniform(-1e4, 1e4))], 5.0 + i * 0.001, WALL0 + i)
+    node.tick(8.0, WALL0 + 2000)
+    assert node.claims_held <= 10 * 20 and len(node._peers) <= 10
+    assert node.tracks <= 50
+    assert node.stats.dropped.get("node_cap", 0) + node.stats.dropped.get("claim_cap", 0) + node.claims_held == 5000
+    assert node.stats.tracks_evicted == 2000 - 50
+    assert len(node.outgoing()) <= 50
