@@ -1,21 +1,80 @@
-"""SWIM membership with the Lifeguard extensions, as HashiCorp memberlist does it; sans-I/O.
+"""SWIM membership with the Lifeguard extensions, the way HashiCorp memberlist does it; sans-I/O.
 
-Skeleton: the signatures are the interface in SWARM_INTERFACES.md; bodies follow.
+The driver (``swarm.agent`` over asyncio, ``swarm.memnet`` in simulation and tests) feeds inputs with the
+time (``receive_datagram``, ``handle_stream``, ``stream_result``, ``handle_timer``) and, after every input,
+drains the outputs (``datagrams_to_send``, ``streams_to_open``, ``pop_events``, ``get_timer``). Nothing here
+touches a socket or a clock.
+
+What it does, after memberlist (state.go, suspicion.go, awareness.go, queue.go) and the Lifeguard paper:
+
+* one probe per (health-scaled) probe interval to the next member of a shuffled round-robin list; no ack
+  within ``probe_timeout_s`` -> indirect pings through ``indirect_checks`` peers (who nack if the target
+  stays silent) and a ping over a stream (the TCP fallback); no ack by the end of the interval -> suspect;
+* suspicion starts at its maximum timeout and shrinks as independent members confirm it
+  (``max - log(n+1)/log(k+1) * (max - min)``, never below ``min``), k = suspicion_mult - 2;
+* incarnation numbers: a member told it is suspect or dead refutes with a higher incarnation;
+* local health (Lifeguard's awareness): missed nacks, failed probes, refutations and late timers raise the
+  score, each successful probe lowers it; the score stretches this member's probe interval;
+* updates piggyback on every packet, each sent ``retransmit_mult * ceil(log10(N+1))`` times, least-sent first,
+  a newer update about a member replacing the queued older one (memberlist's TransmitLimitedQueue);
+* periodic push-pull of the full state over a stream repairs what gossip lost (and heals partitions);
+* app broadcasts (``queue_broadcast``) spread epidemically: every member delivers a (sender, key) payload
+  once per newer ``seq`` and re-gossips it; recent ones also ride on push-pull so they cross a healed partition.
+
+Interface changes since the skeleton commit: none (``packet_budget`` is the keyword-only extra the interface
+allows).
 """
 
 from __future__ import annotations
 
-import enum
+import logging
+import math
 import random
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
+from enum import Enum
 
 from swarm.config import SwarmTiming
+from swarm.messages import (
+    MAX_KEY_BYTES,
+    MAX_MESSAGES_PER_PACKET,
+    MAX_META_BYTES,
+    MAX_PUSH_BROADCASTS,
+    MAX_PUSH_MEMBERS,
+    MAX_USER_PAYLOAD_BYTES,
+    Ack,
+    Alive,
+    Dead,
+    IndirectPing,
+    Message,
+    Nack,
+    Ping,
+    PushMember,
+    PushPull,
+    Suspect,
+    UserMsg,
+    WireError,
+    decode_packet,
+    decode_stream,
+    encode_message,
+    encode_packet,
+    encode_stream,
+    packet_overhead,
+)
+
+__all__ = ["DEFAULT_PACKET_BUDGET", "Member", "MemberEvent", "MemberState", "Membership", "UserBroadcast"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PACKET_BUDGET = 1400 - 64
-MAX_META_BYTES = 512
+MAX_QUEUED_BROADCASTS = 1024
+MAX_STORED_USER_MSGS = 4096
+# A timer handled this much after its deadline (or more) means this member is starved of CPU.
+LATE_TIMER_FRACTION = 0.5
 
 
-class MemberState(enum.Enum):
+class MemberState(Enum):
     ALIVE = 0
     SUSPECT = 1
     DEAD = 2
@@ -44,50 +103,803 @@ class UserBroadcast:
     sender: str
 
 
+@dataclass
+class _Queued:
+    data: bytes
+    transmits: int
+    order: int
+
+
+class BroadcastQueue:
+    """memberlist's TransmitLimitedQueue: least-sent first (newest first among equals), bounded retransmits.
+
+    Queuing under a key that is already queued replaces the older item (newer state about a member, a newer
+    payload of an app key); the replacement starts again at zero transmits.
+    """
+
+    def __init__(self, max_items: int = MAX_QUEUED_BROADCASTS) -> None:
+        self._items: dict[Hashable, _Queued] = {}
+        self._order = 0
+        self._max_items = max_items
+        self.pruned = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def queue(self, key: Hashable, data: bytes) -> None:
+        self._order += 1
+        self._items.pop(key, None)
+        self._items[key] = _Queued(data, 0, self._order)
+        if len(self._items) > self._max_items:
+            # Like memberlist's Prune: drop the items that have been sent the most (oldest among equals).
+            victim = max(self._items, key=lambda k: (self._items[k].transmits, -self._items[k].order))
+            del self._items[victim]
+            self.pruned += 1
+
+    def transmits(self, key: Hashable) -> int | None:
+        item = self._items.get(key)
+        return None if item is None else item.transmits
+
+    def take(self, space: int, max_count: int, transmit_limit: int) -> list[bytes]:
+        """Items that fit in ``space`` bytes (at most ``max_count``), each counted as sent once more."""
+        if not self._items or space <= 0 or max_count <= 0:
+            return []
+        taken: list[bytes] = []
+        ranked = sorted(self._items.items(), key=lambda kv: (kv[1].transmits, -kv[1].order))
+        for key, item in ranked:
+            if len(item.data) > space:
+                continue
+            taken.append(item.data)
+            space -= len(item.data)
+            item.transmits += 1
+            if item.transmits >= transmit_limit:
+                del self._items[key]
+            if len(taken) >= max_count or space <= 0:
+                break
+        return taken
+
+
+@dataclass
+class _Suspicion:
+    """One suspicion timer: starts at ``max_s`` and shrinks towards ``min_s`` with independent confirmations."""
+
+    k: int
+    min_s: float
+    max_s: float
+    start: float
+    deadline: float
+    confirmations: set[str]
+    n: int = 0
+
+    def confirm(self, source: str, now: float) -> bool:
+        if self.n >= self.k or source in self.confirmations:
+            return False
+        self.confirmations.add(source)
+        self.n += 1
+        # Already past the shrunken deadline: fire now (memberlist calls the timeout function directly).
+        self.deadline = max(self.start + remaining_suspicion_time(self.n, self.k, self.min_s, self.max_s), now)
+        return True
+
+
+def remaining_suspicion_time(n: int, k: int, min_s: float, max_s: float) -> float:
+    """Total suspicion timeout after ``n`` of the ``k`` wanted confirmations (memberlist suspicion.go)."""
+    frac = math.log(n + 1.0) / math.log(k + 1.0)
+    raw = max_s - frac * (max_s - min_s)
+    return max(math.floor(1000.0 * raw) / 1000.0, min_s)
+
+
+def suspicion_timeout(suspicion_mult: int, n: int, interval_s: float) -> float:
+    """The minimum suspicion timeout: ``mult * max(1, log10(n)) * probe interval`` (memberlist util.go)."""
+    return suspicion_mult * max(1.0, math.log10(max(1.0, float(n)))) * interval_s
+
+
+def retransmit_limit(retransmit_mult: int, n: int) -> int:
+    """How many times one update is sent: ``mult * ceil(log10(n + 1))`` (memberlist util.go)."""
+    return retransmit_mult * math.ceil(math.log10(n + 1.0))
+
+
+def push_pull_scale(interval_s: float, n: int) -> float:
+    """Slower push-pull above 32 members so the total stream load stays flat (memberlist util.go)."""
+    if n <= 32:
+        return interval_s
+    return interval_s * (math.ceil(math.log2(n) - math.log2(32)) + 1)
+
+
+@dataclass
+class _Probe:
+    seq: int
+    target: str
+    ack_deadline: float
+    end: float
+    interval: float
+    indirect: bool = False
+    expected_nacks: int = 0
+    nacks: int = 0
+    tcp_token: int | None = None
+    tcp_ok: bool = False
+
+
+@dataclass
+class _Relay:
+    """An indirect ping this member carries out for a requester."""
+
+    requester_seq: int
+    requester: tuple[str, int]
+    nack: bool
+    deadline: float
+
+
+@dataclass
+class _StoredUserMsg:
+    msg: UserMsg
+    stored_at: float
+
+
+@dataclass
+class _Stream:
+    kind: str  # "push_pull" | "join" | "ping"
+    seq: int = 0
+    attempt: int = 0
+
+
 class Membership:
-    def __init__(self, name: str, addr: tuple[str, int], timing: SwarmTiming, *, now: float,
-                 meta: bytes = b"", rng: random.Random | None = None,
-                 packet_budget: int = DEFAULT_PACKET_BUDGET) -> None:
+    """One member's view of the swarm; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        addr: tuple[str, int],
+        timing: SwarmTiming,
+        *,
+        now: float,
+        meta: bytes = b"",
+        rng: random.Random | None = None,
+        packet_budget: int = DEFAULT_PACKET_BUDGET,
+    ) -> None:
+        if not name or len(name) > 128:
+            raise ValueError(f"member name must be 1..128 characters, got {len(name)}")
+        if len(meta) > MAX_META_BYTES:
+            raise ValueError(f"member metadata is {len(meta)} bytes, at most {MAX_META_BYTES} fit")
         self.local_name = name
-        self.incarnation = 0
+        self.addr = (addr[0], int(addr[1]))
+        self.timing = timing
+        self.incarnation = 1
         self.health_score = 0
-        self.stats: dict = {}
+        self._rng = rng or random.Random()
+        self._budget = min(packet_budget, timing.max_packet_bytes)
+        if self._budget < 256:
+            raise ValueError(f"packet budget {self._budget} bytes is too small (at least 256)")
+        self._now = now
+        self._nodes: dict[str, Member] = {name: Member(name, self.addr, MemberState.ALIVE, 1, bytes(meta), now)}
+        self._probe_list: list[str] = []
+        self._probe_index = 0
+        self._probe: _Probe | None = None
+        self._relays: dict[int, _Relay] = {}
+        self._suspicions: dict[str, _Suspicion] = {}
+        self._seq = 0
+        self._token = 0
+        self._streams: dict[int, _Stream] = {}
+        self._updates = BroadcastQueue()
+        self._user_queue = BroadcastQueue()
+        self._user_store: dict[tuple[str, bytes], _StoredUserMsg] = {}
+        self._user_seq = 0
+        self._leaving = False
+        self._join_seeds: list[tuple[str, int]] = []
+        self._join_attempt = 0
+        self._join_pending = 0
+        self._join_retry_at: float | None = None
+        self._joined = False
+        self._out_datagrams: list[tuple[tuple[str, int], bytes]] = []
+        self._out_streams: list[tuple[int, tuple[str, int], bytes]] = []
+        self._events: list[MemberEvent | UserBroadcast] = []
+        stagger = self._rng.random()
+        self._next_probe = now + stagger * timing.probe_interval_s
+        self._next_gossip = now + stagger * timing.gossip_interval_s
+        self._next_push_pull = (
+            now + timing.push_pull_interval_s * (0.5 + stagger) if timing.push_pull_interval_s > 0 else None
+        )
+        self.stats: dict = {
+            "dropped": Counter(),
+            "sent_bytes": 0,
+            "received_bytes": 0,
+            "sent_packets": 0,
+            "received_packets": 0,
+            "stream_sent_bytes": 0,
+            "stream_received_bytes": 0,
+            "probes": 0,
+            "probe_failures": 0,
+            "indirect_probes": 0,
+            "tcp_fallback_probes": 0,
+            "tcp_fallback_rescues": 0,
+            "suspicions": 0,
+            "refutations": 0,
+            "deaths": 0,
+            "push_pulls": 0,
+            "late_timers": 0,
+            "user_delivered": 0,
+            "user_duplicates": 0,
+            "broadcasts_pruned": 0,
+        }
+        self._queue_alive_self()
+
+    # ------------------------------------------------------------------ inputs
 
     def join(self, seeds: list[tuple[str, int]], now: float) -> None:
-        raise NotImplementedError
+        """Push-pull with every seed; retried every ``join_retry_s`` until one answers."""
+        self._now = now
+        self._join_seeds = [(h, int(p)) for h, p in seeds if (h, int(p)) != self.addr]
+        self._joined = False
+        self._start_join_attempt()
 
     def leave(self, now: float) -> None:
-        raise NotImplementedError
+        """Graceful leave: gossip LEFT about ourselves; probing and push-pull stop."""
+        self._now = now
+        if self._leaving:
+            return
+        self._leaving = True
+        self._probe = None
+        me = self._nodes[self.local_name]
+        self._dead(Dead(name=self.local_name, incarnation=me.incarnation, source=self.local_name), now)
 
     def set_meta(self, meta: bytes, now: float) -> None:
-        raise NotImplementedError
+        """New metadata for this member, gossiped under a new incarnation."""
+        self._now = now
+        if len(meta) > MAX_META_BYTES:
+            raise ValueError(f"member metadata is {len(meta)} bytes, at most {MAX_META_BYTES} fit")
+        me = self._nodes[self.local_name]
+        if me.meta == meta:
+            return
+        self.incarnation += 1
+        me.incarnation = self.incarnation
+        me.meta = bytes(meta)
+        self._queue_alive_self()
+        self._emit("update", me)
 
     def queue_broadcast(self, key: bytes, payload: bytes) -> None:
-        raise NotImplementedError
+        """Gossip an app payload to every member; a newer payload under the same key replaces a queued one."""
+        if len(key) > MAX_KEY_BYTES:
+            raise ValueError(f"broadcast key is {len(key)} bytes, at most {MAX_KEY_BYTES}")
+        if len(payload) > MAX_USER_PAYLOAD_BYTES:
+            raise ValueError(f"broadcast payload is {len(payload)} bytes, at most {MAX_USER_PAYLOAD_BYTES}")
+        self._user_seq += 1
+        msg = UserMsg(sender=self.local_name, key=bytes(key), seq=self._user_seq, payload=bytes(payload))
+        data = encode_message(msg)
+        if len(data) + packet_overhead(MAX_MESSAGES_PER_PACKET) > self._budget:
+            raise ValueError(f"broadcast of {len(data)} bytes does not fit the {self._budget}-byte packet budget")
+        self._store_user(msg, self._now)
+        self._user_queue.queue((self.local_name, msg.key), data)
 
     def receive_datagram(self, data: bytes, addr: tuple[str, int], now: float) -> None:
-        raise NotImplementedError
+        """One plaintext packet from a peer; bad bytes are dropped and counted, never raised."""
+        self._now = now
+        self.stats["received_bytes"] += len(data)
+        self.stats["received_packets"] += 1
+        if len(data) > self.timing.max_packet_bytes:
+            self.stats["dropped"]["oversized"] += 1
+            return
+        try:
+            messages = decode_packet(data)
+        except WireError as exc:
+            self.stats["dropped"][exc.reason] += 1
+            return
+        for message in messages:
+            try:
+                self._handle_message(message, addr, now)
+            except Exception:  # a bug must not take the loop down; it is counted and logged
+                self.stats["dropped"]["internal"] += 1
+                log.exception("swarm: handling %s from %s failed", type(message).__name__, addr)
 
     def handle_stream(self, data: bytes, addr: tuple[str, int], now: float) -> bytes | None:
-        raise NotImplementedError
+        """A stream request from a peer (push-pull or fallback ping) -> the reply, or None to close."""
+        self._now = now
+        self.stats["stream_received_bytes"] += len(data)
+        try:
+            message = decode_stream(data)
+        except WireError as exc:
+            self.stats["dropped"][exc.reason] += 1
+            return None
+        try:
+            if isinstance(message, Ping):
+                if message.target != self.local_name:
+                    self.stats["dropped"]["wrong_target"] += 1
+                    return None
+                return self._stream_reply(encode_stream(Ack(seq=message.seq)))
+            if isinstance(message, PushPull):
+                reply = encode_stream(self._local_state(join=False))
+                self._merge_remote_state(message, now)
+                return self._stream_reply(reply)
+        except Exception:
+            self.stats["dropped"]["internal"] += 1
+            log.exception("swarm: stream request from %s failed", addr)
+            return None
+        self.stats["dropped"]["unexpected"] += 1
+        return None
 
     def stream_result(self, token: int, reply: bytes | None, now: float) -> None:
-        raise NotImplementedError
+        """The reply to a stream this member opened (None: connect, send or read failed or timed out)."""
+        self._now = now
+        stream = self._streams.pop(token, None)
+        if stream is None:
+            return
+        message: Ping | Ack | PushPull | None = None
+        if reply is not None:
+            self.stats["stream_received_bytes"] += len(reply)
+            try:
+                message = decode_stream(reply)
+            except WireError as exc:
+                self.stats["dropped"][exc.reason] += 1
+        try:
+            if stream.kind == "ping":
+                probe = self._probe
+                if isinstance(message, Ack) and message.seq == stream.seq and probe and probe.seq == stream.seq:
+                    probe.tcp_ok = True
+                return
+            if isinstance(message, PushPull):
+                self._merge_remote_state(message, now)
+                if stream.kind == "join":
+                    self._joined = True
+                    self._join_retry_at = None
+                return
+            if stream.kind == "join" and stream.attempt == self._join_attempt:
+                self._join_pending -= 1
+                if self._join_pending <= 0 and not self._joined:
+                    self._join_retry_at = now + self.timing.join_retry_s
+        except Exception:
+            self.stats["dropped"]["internal"] += 1
+            log.exception("swarm: stream reply handling failed")
 
     def handle_timer(self, now: float) -> None:
-        raise NotImplementedError
+        """Run everything that is due at ``now``; call it at (or after) ``get_timer()``."""
+        self._now = now
+        due = self.get_timer()
+        if due is not None and now - due >= LATE_TIMER_FRACTION * self.timing.probe_timeout_s:
+            self.stats["late_timers"] += 1
+            self._apply_health(1)
+        self._relay_timeouts(now)
+        self._probe_stages(now)
+        self._suspicion_timeouts(now)
+        if now >= self._next_probe:
+            interval = self._scaled(self.timing.probe_interval_s)
+            self._next_probe = max(self._next_probe + interval, now + interval * 0.5)
+            if not self._leaving:
+                self._probe_next(now, interval)
+        if now >= self._next_gossip:
+            self._next_gossip += self.timing.gossip_interval_s
+            if self._next_gossip <= now:  # skip missed ticks, like a Go ticker
+                self._next_gossip = now + self.timing.gossip_interval_s
+            self._gossip(now)
+        if self._next_push_pull is not None and now >= self._next_push_pull:
+            n = len(self._nodes)
+            self._next_push_pull = now + push_pull_scale(self.timing.push_pull_interval_s, n)
+            if not self._leaving:
+                self._push_pull(now)
+        if self._join_retry_at is not None and now >= self._join_retry_at:
+            self._join_retry_at = None
+            if not self._joined and not self._has_live_peer():
+                self._start_join_attempt()
+
+    # ------------------------------------------------------------------ outputs
 
     def datagrams_to_send(self) -> list[tuple[tuple[str, int], bytes]]:
-        raise NotImplementedError
+        out, self._out_datagrams = self._out_datagrams, []
+        return out
 
     def streams_to_open(self) -> list[tuple[int, tuple[str, int], bytes]]:
-        raise NotImplementedError
+        out, self._out_streams = self._out_streams, []
+        return out
 
     def get_timer(self) -> float | None:
-        raise NotImplementedError
+        deadlines = [self._next_probe, self._next_gossip]
+        if self._next_push_pull is not None:
+            deadlines.append(self._next_push_pull)
+        if self._join_retry_at is not None:
+            deadlines.append(self._join_retry_at)
+        probe = self._probe
+        if probe is not None:
+            deadlines.append(probe.end if probe.indirect else probe.ack_deadline)
+        if self._relays:
+            deadlines.append(min(r.deadline for r in self._relays.values()))
+        if self._suspicions:
+            deadlines.append(min(s.deadline for s in self._suspicions.values()))
+        return min(deadlines)
 
     def pop_events(self) -> list[MemberEvent | UserBroadcast]:
-        raise NotImplementedError
+        out, self._events = self._events, []
+        return out
+
+    # ------------------------------------------------------------------ state
 
     def members(self) -> list[Member]:
-        raise NotImplementedError
+        return [replace(m) for m in self._nodes.values()]
+
+    def member(self, name: str) -> Member | None:
+        found = self._nodes.get(name)
+        return None if found is None else replace(found)
+
+    @property
+    def queued_broadcasts(self) -> int:
+        return len(self._updates) + len(self._user_queue)
+
+    # ------------------------------------------------------------------ message handling
+
+    def _handle_message(self, message: Message, addr: tuple[str, int], now: float) -> None:
+        if isinstance(message, Ping):
+            if message.target != self.local_name:
+                self.stats["dropped"]["wrong_target"] += 1
+                return
+            self._send(addr, [encode_message(Ack(seq=message.seq))])
+        elif isinstance(message, Ack):
+            self._on_ack(message.seq, now)
+        elif isinstance(message, Nack):
+            probe = self._probe
+            if probe is not None and probe.seq == message.seq and probe.indirect:
+                probe.nacks += 1
+        elif isinstance(message, IndirectPing):
+            self._on_indirect_ping(message, addr, now)
+        elif isinstance(message, Alive):
+            self._alive(message, now)
+        elif isinstance(message, Suspect):
+            self._suspect(message, now)
+        elif isinstance(message, Dead):
+            self._dead(message, now)
+        elif isinstance(message, UserMsg):
+            self._on_user_msg(message, now, regossip=True)
+
+    def _on_ack(self, seq: int, now: float) -> None:
+        probe = self._probe
+        if probe is not None and probe.seq == seq:
+            # An ack that was queued behind a late timer still counts: the target answered.
+            self._probe = None
+            self._apply_health(-1)
+            return
+        relay = self._relays.pop(seq, None)
+        if relay is not None:
+            self._send(relay.requester, [encode_message(Ack(seq=relay.requester_seq))])
+
+    def _on_indirect_ping(self, message: IndirectPing, addr: tuple[str, int], now: float) -> None:
+        seq = self._next_seq()
+        self._relays[seq] = _Relay(message.seq, addr, message.nack, now + self.timing.probe_timeout_s)
+        self._send(message.target_addr, [encode_message(Ping(seq=seq, target=message.target, source=self.local_name))])
+
+    def _alive(self, a: Alive, now: float) -> None:
+        if self._leaving and a.name == self.local_name:
+            return
+        member = self._nodes.get(a.name)
+        if a.name == self.local_name:
+            assert member is not None
+            if a.incarnation < self.incarnation:
+                return
+            if a.incarnation == self.incarnation and a.meta == member.meta and tuple(a.addr) == member.addr:
+                return
+            self._refute(a.incarnation)  # someone speaks for us with other data: outrank it
+            return
+        addr = (a.addr[0], a.addr[1])
+        is_new = member is None
+        if member is None:
+            member = Member(a.name, addr, MemberState.DEAD, a.incarnation, bytes(a.meta), now)
+            self._nodes[a.name] = member
+            # memberlist adds a new member at a random place in the probe order
+            self._probe_list.insert(self._rng.randint(0, len(self._probe_list)), a.name)
+        elif member.addr != addr:
+            reclaim = self.timing.dead_node_reclaim_s
+            may_reclaim = member.state is MemberState.LEFT or (
+                member.state is MemberState.DEAD and reclaim > 0 and now - member.state_since >= reclaim
+            )
+            if not may_reclaim:
+                self.stats["dropped"]["name_conflict"] += 1
+                return
+        elif a.incarnation <= member.incarnation:
+            return
+        self._suspicions.pop(a.name, None)
+        self._updates.queue(a.name, encode_message(a))
+        old_state, old_meta = member.state, member.meta
+        member.incarnation = a.incarnation
+        member.meta = bytes(a.meta)
+        member.addr = addr
+        if old_state is not MemberState.ALIVE or is_new:
+            member.state = MemberState.ALIVE
+            member.state_since = now
+        if is_new or old_state in (MemberState.DEAD, MemberState.LEFT):
+            self._emit("join", member)
+        elif old_state is MemberState.SUSPECT:
+            self._emit("alive", member)
+        elif old_meta != member.meta:
+            self._emit("update", member)
+
+    def _suspect(self, s: Suspect, now: float) -> None:
+        member = self._nodes.get(s.name)
+        if member is None or s.incarnation < member.incarnation:
+            return
+        suspicion = self._suspicions.get(s.name)
+        if suspicion is not None:
+            if suspicion.confirm(s.source, now):
+                self._updates.queue(s.name, encode_message(s))  # new information: pass it on
+            return
+        if member.state is not MemberState.ALIVE:
+            return
+        if s.name == self.local_name:
+            if not self._leaving:
+                self._refute(s.incarnation)
+            return
+        self._updates.queue(s.name, encode_message(s))
+        member.incarnation = s.incarnation
+        member.state = MemberState.SUSPECT
+        member.state_since = now
+        self.stats["suspicions"] += 1
+        n = len(self._nodes)
+        k = self.timing.suspicion_mult - 2
+        if n - 2 < k:
+            k = 0  # too few members to ever get k confirmations
+        min_s = suspicion_timeout(self.timing.suspicion_mult, n, self.timing.probe_interval_s)
+        max_s = self.timing.suspicion_max_timeout_mult * min_s
+        self._suspicions[s.name] = _Suspicion(k, min_s, max_s, now, now + (max_s if k >= 1 else min_s), {s.source})
+        self._emit("suspect", member)
+
+    def _dead(self, d: Dead, now: float) -> None:
+        member = self._nodes.get(d.name)
+        if member is None or d.incarnation < member.incarnation:
+            return
+        self._suspicions.pop(d.name, None)
+        if member.state in (MemberState.DEAD, MemberState.LEFT):
+            return
+        if d.name == self.local_name and not self._leaving:
+            self._refute(d.incarnation)
+            return
+        self._updates.queue(d.name, encode_message(d))
+        member.incarnation = d.incarnation
+        member.state = MemberState.LEFT if d.source == d.name else MemberState.DEAD
+        member.state_since = now
+        if member.state is MemberState.DEAD:
+            self.stats["deaths"] += 1
+            self._emit("dead", member)
+        else:
+            self._emit("leave", member)
+
+    def _refute(self, accused_incarnation: int) -> None:
+        self.incarnation = max(self.incarnation, accused_incarnation) + 1
+        me = self._nodes[self.local_name]
+        me.incarnation = self.incarnation
+        self._queue_alive_self()
+        self.stats["refutations"] += 1
+        self._apply_health(1)  # being suspected hints that we are the slow one (Lifeguard)
+        self._emit("refute", me)
+
+    def _on_user_msg(self, msg: UserMsg, now: float, *, regossip: bool) -> None:
+        if msg.sender == self.local_name:
+            return
+        stored = self._user_store.get((msg.sender, msg.key))
+        if stored is not None and stored.msg.seq >= msg.seq:
+            self.stats["user_duplicates"] += 1
+            return
+        self._store_user(msg, now)
+        if regossip:
+            self._user_queue.queue((msg.sender, msg.key), encode_message(msg))
+        self.stats["user_delivered"] += 1
+        self._events.append(UserBroadcast(payload=msg.payload, sender=msg.sender))
+
+    def _store_user(self, msg: UserMsg, now: float) -> None:
+        self._user_store.pop((msg.sender, msg.key), None)
+        self._user_store[(msg.sender, msg.key)] = _StoredUserMsg(msg, now)
+        while len(self._user_store) > MAX_STORED_USER_MSGS:  # dicts keep insertion order: oldest first
+            del self._user_store[next(iter(self._user_store))]
+
+    # ------------------------------------------------------------------ probing
+
+    def _probe_next(self, now: float, interval: float) -> None:
+        if self._probe is not None:
+            return
+        for _ in range(len(self._probe_list) + 1):
+            if self._probe_index >= len(self._probe_list):
+                self._reset_probe_list(now)
+                if not self._probe_list:
+                    return
+            name = self._probe_list[self._probe_index]
+            self._probe_index += 1
+            member = self._nodes.get(name)
+            if member is None or member.state in (MemberState.DEAD, MemberState.LEFT):
+                continue
+            self._probe_member(member, now, interval)
+            return
+
+    def _reset_probe_list(self, now: float) -> None:
+        """Start a new round: forget long-dead members, shuffle the order (memberlist resetNodes)."""
+        for name, member in list(self._nodes.items()):
+            if (
+                name != self.local_name
+                and member.state in (MemberState.DEAD, MemberState.LEFT)
+                and now - member.state_since > self.timing.gossip_to_the_dead_s
+            ):
+                del self._nodes[name]
+        self._probe_list = [name for name in self._nodes if name != self.local_name]
+        self._rng.shuffle(self._probe_list)
+        self._probe_index = 0
+        self._expire_user_store(now)
+
+    def _probe_member(self, member: Member, now: float, interval: float) -> None:
+        seq = self._next_seq()
+        self.stats["probes"] += 1
+        self._probe = _Probe(seq, member.name, now + self.timing.probe_timeout_s, now + interval, interval)
+        parts = [encode_message(Ping(seq=seq, target=member.name, source=self.local_name))]
+        if member.state is not MemberState.ALIVE:
+            # Tell a suspect what we think so it can refute at once (Lifeguard's buddy system).
+            parts.append(encode_message(Suspect(name=member.name, incarnation=member.incarnation,
+                                                source=self.local_name)))
+        self._send(member.addr, parts)
+
+    def _probe_stages(self, now: float) -> None:
+        probe = self._probe
+        if probe is None:
+            return
+        if not probe.indirect and now >= probe.ack_deadline:
+            self._start_indirect(probe, now)
+        if probe.indirect and now >= probe.end:
+            self._probe = None
+            if probe.tcp_ok:
+                self.stats["tcp_fallback_rescues"] += 1
+                self._apply_health(-1)
+                return
+            self.stats["probe_failures"] += 1
+            if probe.expected_nacks > 0:
+                self._apply_health(max(0, probe.expected_nacks - probe.nacks))
+            else:
+                self._apply_health(1)
+            member = self._nodes.get(probe.target)
+            if member is not None and member.state in (MemberState.ALIVE, MemberState.SUSPECT):
+                # On a member already suspect this is our independent confirmation.
+                self._suspect(Suspect(name=member.name, incarnation=member.incarnation, source=self.local_name), now)
+
+    def _start_indirect(self, probe: _Probe, now: float) -> None:
+        probe.indirect = True
+        # A late timer must not eat the indirect window: it gets its full share of the interval.
+        probe.end = max(probe.end, now + probe.interval - self.timing.probe_timeout_s)
+        target = self._nodes.get(probe.target)
+        if target is None:
+            return
+        peers = [m for m in self._nodes.values()
+                 if m.state is MemberState.ALIVE and m.name not in (self.local_name, probe.target)]
+        chosen = self._rng.sample(peers, min(self.timing.indirect_checks, len(peers)))
+        request = encode_message(IndirectPing(seq=probe.seq, target=target.name, target_addr=target.addr, nack=True))
+        for peer in chosen:
+            self.stats["indirect_probes"] += 1
+            self._send(peer.addr, [request])
+        probe.expected_nacks = len(chosen)
+        self.stats["tcp_fallback_probes"] += 1
+        token = self._open_stream(_Stream("ping", seq=probe.seq), target.addr,
+                                  encode_stream(Ping(seq=probe.seq, target=target.name, source=self.local_name)))
+        probe.tcp_token = token
+
+    def _relay_timeouts(self, now: float) -> None:
+        if not self._relays:
+            return
+        for seq, relay in list(self._relays.items()):
+            if now >= relay.deadline:
+                del self._relays[seq]
+                if relay.nack:
+                    self._send(relay.requester, [encode_message(Nack(seq=relay.requester_seq))])
+
+    def _suspicion_timeouts(self, now: float) -> None:
+        if not self._suspicions:
+            return
+        for name, suspicion in list(self._suspicions.items()):
+            if now < suspicion.deadline:
+                continue
+            del self._suspicions[name]
+            member = self._nodes.get(name)
+            if member is not None and member.state is MemberState.SUSPECT:
+                self._dead(Dead(name=name, incarnation=member.incarnation, source=self.local_name), now)
+
+    # ------------------------------------------------------------------ gossip and anti-entropy
+
+    def _gossip(self, now: float) -> None:
+        if not self._updates and not self._user_queue:
+            return
+        targets = [m for m in self._nodes.values() if m.name != self.local_name and (
+            m.state in (MemberState.ALIVE, MemberState.SUSPECT)
+            or now - m.state_since <= self.timing.gossip_to_the_dead_s)]
+        for member in self._rng.sample(targets, min(self.timing.gossip_nodes, len(targets))):
+            parts = self._piggyback(0, 0)
+            if not parts:
+                return
+            self._emit_packet(member.addr, parts)
+
+    def _push_pull(self, now: float) -> None:
+        peers = [m for m in self._nodes.values() if m.name != self.local_name and m.state is MemberState.ALIVE]
+        if not peers:
+            return
+        peer = self._rng.choice(peers)
+        self.stats["push_pulls"] += 1
+        self._open_stream(_Stream("push_pull"), peer.addr, encode_stream(self._local_state(join=False)))
+
+    def _start_join_attempt(self) -> None:
+        if not self._join_seeds:
+            return
+        self._join_attempt += 1
+        self._join_pending = len(self._join_seeds)
+        request = encode_stream(self._local_state(join=True))
+        for seed in self._join_seeds:
+            self._open_stream(_Stream("join", attempt=self._join_attempt), seed, request)
+
+    def _local_state(self, *, join: bool) -> PushPull:
+        members = [PushMember(name=m.name, addr=m.addr, incarnation=m.incarnation, state=m.state.value, meta=m.meta)
+                   for m in list(self._nodes.values())[:MAX_PUSH_MEMBERS]]
+        self._expire_user_store(self._now)
+        broadcasts = [s.msg for s in list(self._user_store.values())[-MAX_PUSH_BROADCASTS:]]
+        return PushPull(join=join, source=self.local_name, members=members, broadcasts=broadcasts)
+
+    def _merge_remote_state(self, remote: PushPull, now: float) -> None:
+        """memberlist mergeState: a remote DEAD only makes us suspect (it may be stale), LEFT is final."""
+        for pm in remote.members:
+            state = MemberState(pm.state)
+            if state is MemberState.ALIVE:
+                self._alive(Alive(name=pm.name, addr=pm.addr, incarnation=pm.incarnation, meta=pm.meta), now)
+            elif state is MemberState.LEFT:
+                self._dead(Dead(name=pm.name, incarnation=pm.incarnation, source=pm.name), now)
+            else:
+                self._suspect(Suspect(name=pm.name, incarnation=pm.incarnation, source=remote.source), now)
+        for msg in remote.broadcasts:
+            self._on_user_msg(msg, now, regossip=True)
+
+    def _expire_user_store(self, now: float) -> None:
+        ttl = self.timing.broadcast_ttl_s
+        while self._user_store:
+            oldest_key = next(iter(self._user_store))
+            if now - self._user_store[oldest_key].stored_at <= ttl:
+                break
+            del self._user_store[oldest_key]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _send(self, addr: tuple[str, int], parts: list[bytes]) -> None:
+        used = sum(len(p) for p in parts)
+        parts = parts + self._piggyback(used, len(parts))
+        self._emit_packet(addr, parts)
+
+    def _piggyback(self, used: int, count: int) -> list[bytes]:
+        space = self._budget - packet_overhead(MAX_MESSAGES_PER_PACKET) - used
+        room = MAX_MESSAGES_PER_PACKET - count
+        limit = retransmit_limit(self.timing.retransmit_mult, len(self._nodes))
+        extra = self._updates.take(space, room, limit)
+        space -= sum(len(p) for p in extra)
+        extra += self._user_queue.take(space, room - len(extra), limit)
+        self.stats["broadcasts_pruned"] = self._updates.pruned + self._user_queue.pruned
+        return extra
+
+    def _emit_packet(self, addr: tuple[str, int], parts: list[bytes]) -> None:
+        packet = encode_packet(parts)
+        self.stats["sent_bytes"] += len(packet)
+        self.stats["sent_packets"] += 1
+        self._out_datagrams.append((addr, packet))
+
+    def _open_stream(self, stream: _Stream, addr: tuple[str, int], request: bytes) -> int:
+        self._token += 1
+        self._streams[self._token] = stream
+        self.stats["stream_sent_bytes"] += len(request)
+        self._out_streams.append((self._token, addr, request))
+        return self._token
+
+    def _stream_reply(self, reply: bytes) -> bytes:
+        self.stats["stream_sent_bytes"] += len(reply)
+        return reply
+
+    def _queue_alive_self(self) -> None:
+        me = self._nodes[self.local_name]
+        self._updates.queue(self.local_name, encode_message(
+            Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta)))
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _scaled(self, timeout: float) -> float:
+        return timeout * (self.health_score + 1)
+
+    def _apply_health(self, delta: int) -> None:
+        self.health_score = min(max(self.health_score + delta, 0), self.timing.awareness_max_multiplier - 1)
+
+    def _has_live_peer(self) -> bool:
+        return any(m.state is MemberState.ALIVE and m.name != self.local_name for m in self._nodes.values())
+
+    def _emit(self, kind: str, member: Member) -> None:
+        self._events.append(MemberEvent(kind=kind, member=replace(member)))
+        if kind in ("dead", "refute", "leave"):
+            log.info("swarm: %s %s (incarnation %d)", kind, member.name, member.incarnation)
