@@ -30,6 +30,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgerun.config import load_config
 
     cfg = load_config(args.config)  # before the heavy imports: a bad config fails fast
+    if cfg.sinks.dds.enabled:
+        from edgerun.sinks.dds import require_cyclonedds
+
+        require_cyclonedds()  # an optional extra ([dds]): say so before any model is loaded
     _setup_logging(args.log_level or cfg.node.log_level)
     from edgerun.node import run_node
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import tomllib
 
 from edgerun.errors import ConfigError
+from edgerun.tomlfile import load_toml
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -302,16 +302,7 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return parse_config({})
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config file ({err.strerror})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML ({err})") from None
+    data = load_toml(path, ConfigError, "config file")
     try:
         return parse_config(data)
     except ConfigError as err:

@@ -101,8 +101,12 @@ def demo_config(
     }
     if fps is not None:
         data["source"]["fps"] = fps
-    if model:
-        data["model"] = {"bundle": model}
+    if not model:
+        from edgerun.models.demo import ensure_demo_bundle
+
+        # The demo may fetch its bundle; a node started by `edgerun run` never does.
+        model = str(ensure_demo_bundle().root)
+    data["model"] = {"bundle": model}
     if mqtt:
         host, _, port = mqtt.rpartition(":")
         data["sinks"]["mqtt"] = {"enabled": True, "host": host or "127.0.0.1", "port": int(port)}

@@ -45,7 +45,7 @@ FALLBACK_FRAME_SIZE = (640, 480)
 def open_bundle(cfg: Config) -> ModelBundle:
     if cfg.model.bundle:
         return load_bundle(cfg.model.bundle)
-    return ensure_demo_bundle()
+    return ensure_demo_bundle(fetch=False)  # never the network at start: says to run `model fetch-demo`
 
 
 def build_runtime(

@@ -13,6 +13,13 @@ topic, best effort, loopback only) this measures, in one run:
 The subscriber runs as ``python -m edgerun.bench.sinks subscribe ...`` so it does not share
 the publisher's GIL; both sides read CLOCK_MONOTONIC, which is one clock across processes
 on Linux. Batches look like BlazeFace output (3 faces, 6 keypoints each).
+
+``dds_stall`` measures what a stalled reader costs the event loop: a reliable DDS sink
+(native and ROS 2 writers) publishes at ``STALL_RATE_PER_S`` to a real reliable reader
+(KeepAll, small resource limits) in another process that is stopped with SIGSTOP, so it
+neither takes samples nor acknowledges them; a probe task on the loop sleeps 1 ms over and
+over and records how late it wakes (``loop_lag_ms_*``). ``--dds-sink FILE`` runs the same
+measurement against another revision's ``dds.py`` (before/after comparisons).
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import random
+import signal
 import sys
 import threading
 import time
@@ -35,6 +44,7 @@ import numpy as np
 from edgerun.types import DetectionBatch, Detections, FrameMeta, Pose
 
 LATENCY_RATE_PER_S = 100.0
+STALL_RATE_PER_S = 500.0
 _BENCH_NODE = "bench-node"
 
 
@@ -119,6 +129,36 @@ def _subscribe_mqtt(port: int, topic: str, qos: int) -> None:
     client.on_message = on_message
     client.connect("127.0.0.1", port)
     client.loop_forever()
+
+
+def _stalled_dds_reader(domain_id: int) -> None:
+    """A reliable reader that will be stopped (SIGSTOP): KeepAll with room for 16 samples, native and ROS 2."""
+    from cyclonedds.domain import DomainParticipant
+    from cyclonedds.qos import Policy, Qos
+    from cyclonedds.sub import DataReader
+    from cyclonedds.topic import Topic
+    from cyclonedds.util import duration
+
+    from edgerun.sinks.dds import loopback_config, open_domain, ros2_namespace
+    from edgerun.sinks.idl import native, ros2
+
+    open_domain(domain_id, loopback_config())
+    participant = DomainParticipant(domain_id)
+    qos = Qos(
+        Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll, Policy.ResourceLimits(max_samples=16)
+    )
+    ros_qos = Qos(
+        Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
+        Policy.ResourceLimits(max_samples=16), Policy.DataRepresentation(use_cdrv0_representation=True),
+    )
+    ros_topic = Topic(participant, ros2.topic_name(ros2_namespace("", _BENCH_NODE)), ros2.Detection2DArray, qos=ros_qos)
+    readers = [
+        DataReader(participant, Topic(participant, native.TOPIC, native.DetectionBatch, qos=qos), qos=qos),
+        DataReader(participant, ros_topic, qos=ros_qos),
+    ]
+    print("READY", flush=True)
+    while readers:
+        time.sleep(1.0)
 
 
 def _subscribe_dds(domain_id: int) -> None:
@@ -296,6 +336,97 @@ async def _bench_dds(seconds: float) -> dict[str, Any]:
     return result
 
 
+def _dds_sink_class(module_file: str | None) -> Any:
+    """This revision's DdsSink, or the one in another revision's ``dds.py`` (for before/after runs)."""
+    if module_file is None:
+        from edgerun.sinks.dds import DdsSink
+
+        return DdsSink
+    spec = importlib.util.spec_from_file_location("edgerun_bench_other_dds", module_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.DdsSink
+
+
+async def bench_dds_stall(
+    seconds: float = 3.0, max_blocking_ms: int = 5, sink_module: str | None = None
+) -> dict[str, Any]:
+    """How late the event loop runs while a reliable DDS sink publishes to a stopped reader."""
+    from edgerun.config import DdsSinkConfig
+
+    sink_cls = _dds_sink_class(sink_module)
+    domain = random.SystemRandom().randint(1, 230)
+    cfg = DdsSinkConfig(
+        enabled=True, domain_id=domain, reliable=True, ros2=True, ros2_namespace=_BENCH_NODE,
+        max_blocking_ms=max_blocking_ms,
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "edgerun.bench.sinks", "subscribe", "dds-stalled", "--domain", str(domain),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    lags: list[float] = []
+    sink = sink_cls(cfg, _BENCH_NODE)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        if line.strip() != b"READY":
+            raise RuntimeError("the stalled DDS reader did not start")
+        await sink.start()
+        # Matched when the writers see the reader (discovery on loopback takes a moment).
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            matched = [w.get_matched_subscriptions() for w in (sink._native_writer, sink._ros2_writer)]
+            if all(matched):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError("the DDS writers never matched the reader")
+        proc.send_signal(signal.SIGSTOP)  # the reader neither takes nor acknowledges from now on
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            while not done.is_set():
+                t = time.monotonic()
+                await asyncio.sleep(0.001)
+                lags.append((time.monotonic() - t - 0.001) * 1000.0)
+
+        probing = asyncio.create_task(probe())
+        period = 1.0 / STALL_RATE_PER_S
+        seq, t0 = 0, time.monotonic()
+        t_next = t0
+        while time.monotonic() - t0 < seconds:
+            sink.submit(synthetic_batch(seq), time.monotonic())
+            seq += 1
+            t_next += period
+            await asyncio.sleep(max(0.0, t_next - time.monotonic()))
+        done.set()
+        await probing
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        await proc.wait()
+        await sink.close(0.5)
+    ordered = sorted(lags)
+    return {
+        "sink_module": sink_module or "edgerun.sinks.dds",
+        "seconds": round(elapsed, 2),
+        "rate_per_s": STALL_RATE_PER_S,
+        "writers": 2,
+        "max_blocking_ms": max_blocking_ms,
+        "submitted": seq,
+        "sent": sink.stats.sent,
+        "dropped": sink.stats.dropped,
+        "write_timeouts": getattr(sink, "write_timeouts", None),
+        "loop_lag_ms_p50": _percentile(ordered, 50),
+        "loop_lag_ms_p99": _percentile(ordered, 99),
+        "loop_lag_ms_max": round(ordered[-1], 3) if ordered else None,
+        "loop_wakeups": len(ordered),
+    }
+
+
 async def bench_sinks(seconds: float = 3.0) -> dict[str, Any]:
     """Throughput and added latency of the MQTT (QoS 0, QoS 1) and DDS sinks on loopback."""
     from edgerun.sinks.mosquitto import run_mosquitto
@@ -310,6 +441,7 @@ async def bench_sinks(seconds: float = 3.0) -> dict[str, Any]:
         "sinks": sinks,
         # Per-sink saturation throughput at a subscriber, the number to compare across machines.
         "sustained_batches_per_s": {key: r["sustained_batches_per_s"] for key, r in sinks.items()},
+        "dds_stall": await bench_dds_stall(min(seconds, 3.0)),
     }
 
 
@@ -331,11 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m edgerun.bench.sinks")
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("subscribe", help="(internal) the subscriber process")
-    s.add_argument("kind", choices=["mqtt", "dds"])
+    s.add_argument("kind", choices=["mqtt", "dds", "dds-stalled"])
     s.add_argument("--port", type=int, default=1883)
     s.add_argument("--topic", default=f"edgerun/{_BENCH_NODE}/detections")
     s.add_argument("--qos", type=int, default=0)
     s.add_argument("--domain", type=int, default=0)
+    st = sub.add_parser("stall", help="only the stalled-reader DDS measurement")
+    st.add_argument("--dds-sink", default=None, metavar="FILE", help="another revision's edgerun/sinks/dds.py")
+    st.add_argument("--max-blocking-ms", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--json", dest="json_out", default=None)
     args = parser.parse_args(argv)
@@ -343,10 +478,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.kind == "mqtt":
                 _subscribe_mqtt(args.port, args.topic, args.qos)
+            elif args.kind == "dds-stalled":
+                _stalled_dds_reader(args.domain)
             else:
                 _subscribe_dds(args.domain)
         except KeyboardInterrupt:
             pass
+        return 0
+    if args.command == "stall":
+        stall = asyncio.run(bench_dds_stall(args.seconds, args.max_blocking_ms, args.dds_sink))
+        print(json.dumps(stall, indent=2))
+        if args.json_out:
+            with open(args.json_out, "w", encoding="utf-8") as f:
+                json.dump(stall, f, indent=2)
         return 0
     result = asyncio.run(bench_sinks(args.seconds))
     print(format_table(result))

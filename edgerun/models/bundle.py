@@ -8,16 +8,21 @@ CPU ``.tflite`` variant is required: it is what every node can fall back to.
 from __future__ import annotations
 
 import hashlib
+import lzma
+import os
+import shutil
 import tarfile
+import tempfile
+import zlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 import tomli_w
-import tomllib
 
 from edgerun.config import Section, _message
 from edgerun.errors import ConfigError, ModelError
+from edgerun.tomlfile import load_toml
 
 MANIFEST = "model.toml"
 
@@ -79,22 +84,32 @@ class ModelBundle:
         return f"ModelBundle({self.name!r} v{self.version} at {self.root})"
 
 
+def cache_dir() -> Path:
+    """Where fetched wheels, built and extracted bundles live: $EDGERUN_CACHE, systemd's $CACHE_DIRECTORY, ./.cache."""
+    for var in ("EDGERUN_CACHE", "CACHE_DIRECTORY"):
+        value = os.environ.get(var)
+        if value:
+            return Path(value.split(":")[0])
+    return Path.cwd() / ".cache"
+
+
 def load_bundle(path: str | Path, extract_dir: Path | None = None) -> ModelBundle:
-    """Load a bundle directory or tar, checking the manifest and that variant files exist."""
+    """Load a bundle directory or tar, checking the manifest and that variant files exist.
+
+    A tar is unpacked under ``extract_dir`` (default: ``<cache>/bundles``), never beside
+    the tar: bundles may live on a read-only image or in /etc under ProtectSystem=strict.
+    """
     path = Path(path)
     if not path.exists():
         raise ModelError(f"model bundle {path} not found")
     if path.is_file():
-        if not tarfile.is_tarfile(path):
-            raise ModelError(f"model bundle {path}: not a directory or a tar archive")
-        path = _extract_tar(path, extract_dir)
+        path = _extract_tar(path, extract_dir or cache_dir() / "bundles")
+    elif not path.is_dir():
+        raise ModelError(f"model bundle {path}: not a directory or a tar archive")
     manifest_path = path / MANIFEST
-    try:
-        data = tomllib.loads(manifest_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelError(f"model bundle {path}: no {MANIFEST}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ModelError(f"{manifest_path}: invalid TOML ({err})") from None
+    if not manifest_path.exists():
+        raise ModelError(f"model bundle {path}: no {MANIFEST}")
+    data = load_toml(manifest_path, ModelError, MANIFEST)
     try:
         manifest = msgspec.convert(data, BundleManifest)
     except msgspec.ValidationError as err:
@@ -113,28 +128,78 @@ def load_bundle(path: str | Path, extract_dir: Path | None = None) -> ModelBundl
     return ModelBundle(path, manifest)
 
 
-def _extract_tar(archive: Path, extract_dir: Path | None) -> Path:
-    """Unpack a bundle tar into a directory keyed by its hash; refuses links and paths outside it."""
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
-    base = extract_dir or archive.parent / ".edgerun-bundles"
-    dest = base / f"{archive.stem}-{digest}"
-    if (dest / MANIFEST).is_file():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive) as tar:
-        for member in tar.getmembers():
-            parts = Path(member.name).parts
-            if member.name.startswith("/") or ".." in parts:
-                raise ModelError(f"model bundle {archive}: member {member.name!r} points outside the bundle")
-            if not (member.isfile() or member.isdir()):
-                raise ModelError(f"model bundle {archive}: member {member.name!r} is a link or device")
-        tar.extractall(dest, filter="data")
-    # A tar made of a folder ("bundle/model.toml") or of its contents ("model.toml") both work.
-    if not (dest / MANIFEST).is_file():
+# What a damaged or hostile archive can raise from the tar, gzip, bzip2 and xz readers.
+_ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError)
+
+
+def _extract_tar(archive: Path, base: Path) -> Path:
+    """Unpack a bundle tar into ``base/<stem>-<sha256>``; refuses links and paths outside it.
+
+    Unpacks into a temporary directory beside the destination and renames it into
+    place, so a refused or damaged tar leaves nothing behind.
+    """
+    try:
+        digest = _file_sha256(archive)[:16]
+        valid = tarfile.is_tarfile(archive)
+    except OSError as err:
+        raise ModelError(f"model bundle {archive}: cannot read ({err.strerror or err})") from None
+    if not valid:
+        raise ModelError(f"model bundle {archive}: not a directory or a tar archive")
+    dest = base / f"{archive.name.partition('.')[0] or 'bundle'}-{digest}"
+    if not (_bundle_root(dest) / MANIFEST).is_file():
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=base))
+        except OSError as err:
+            raise ModelError(f"model bundle {archive}: cannot unpack into {base} ({err.strerror or err})") from None
+        try:
+            _unpack(archive, tmp)
+            shutil.rmtree(dest, ignore_errors=True)  # an incomplete copy left by an older version
+            try:
+                tmp.rename(dest)
+            except OSError as err:
+                if not (_bundle_root(dest) / MANIFEST).is_file():  # else another process unpacked it first
+                    raise ModelError(f"model bundle {archive}: cannot unpack into {base} ({err.strerror})") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _bundle_root(dest)
+
+
+def _unpack(archive: Path, dest: Path) -> None:
+    try:
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for member in members:
+                parts = Path(member.name).parts
+                if member.name.startswith("/") or ".." in parts:
+                    raise ModelError(f"model bundle {archive}: member {member.name!r} points outside the bundle")
+                if not (member.isfile() or member.isdir()):
+                    raise ModelError(f"model bundle {archive}: member {member.name!r} is a link or device")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, members, filter="data")
+            else:  # Python before 3.10.12: the checks above already refuse what the data filter would
+                tar.extractall(dest, members)
+    except ModelError:
+        raise
+    except _ARCHIVE_ERRORS as err:
+        raise ModelError(f"model bundle {archive}: damaged tar archive ({type(err).__name__}: {err})") from None
+
+
+def _bundle_root(dest: Path) -> Path:
+    """A tar made of a folder ("bundle/model.toml") or of its contents ("model.toml") both work."""
+    if dest.is_dir() and not (dest / MANIFEST).is_file():
         subdirs = [p for p in dest.iterdir() if p.is_dir()]
         if len(subdirs) == 1 and (subdirs[0] / MANIFEST).is_file():
             return subdirs[0]
     return dest
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> None:

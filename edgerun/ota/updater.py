@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 
 from edgerun import __version__
-from edgerun.errors import ModelError
+from edgerun.errors import ConfigError, ModelError
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.ota.delta import apply_delta
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
@@ -150,7 +150,7 @@ class Updater:
         try:
             self.trust = TrustStore(load_root_keys(cfg.root_keys), cfg.root_threshold)
         except (SignatureError, Rejected) as err:
-            raise OtaError(f"ota.root_keys: {err}") from None
+            raise ConfigError(f"ota.root_keys: {err}") from None  # exit 2: a person must fix the key
         self.transports = make_transports(cfg, node.cfg)
         self.limiter = RateLimiter(cfg.max_rate_bps)
         self.board = cfg.board or platform.machine()

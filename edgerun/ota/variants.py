@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import tomllib
 
 from edgerun.models.bundle import ModelBundle, load_bundle, write_manifest
 from edgerun.ota.errors import OtaError
+from edgerun.tomlfile import tomllib  # tomli on Python 3.10
 
 # TensorType enum values of the TFLite schema.
 FLOAT_TYPES = {0: np.float32, 1: np.float16}

@@ -1,10 +1,13 @@
 """DDS sink (Cyclone DDS): native ``edgerun::DetectionBatch`` and, for ROS 2, ``vision_msgs/Detection2DArray``.
 
 DDS has no broker, so there is nothing to reconnect to: the sink is "up" once
-its participant exists. Writes happen on the loop, drained from a bounded
-outbox a few at a time; a reliable writer blocks at most ``max_blocking_ms``
-on a slow reader and a write that times out is counted as dropped, so a
-reader that stalls never stalls the node.
+its participant exists. ``submit`` puts the batch in a bounded outbox (the
+oldest is dropped and counted when it is full) and one writer thread converts
+and writes. A reliable write blocks up to ``max_blocking_ms`` for every
+stalled reader, so writing on the loop could hold it for
+depth x writers x max_blocking_ms; on the writer thread a stalled reader
+only fills the outbox, and MQTT, HTTP and the watchdog keep running. A write
+that times out is counted as dropped (``write_timeouts``).
 
 DDS carries detections only; events, status and metrics go over MQTT and
 HTTP (``publish_event`` is the base class's no-op).
@@ -21,6 +24,7 @@ import logging
 import math
 import re
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,18 @@ from edgerun.types import DetectionBatch
 log = logging.getLogger(__name__)
 
 LOOPBACK_INTERFACES = frozenset({"lo", "lo0", "127.0.0.1", "localhost"})
-_DRAIN_BURST = 16  # writes per loop callback before yielding to other loop work
+
+
+def require_cyclonedds() -> None:
+    """ConfigError (exit 2, one line) when sinks.dds is on but Cyclone DDS's Python binding is not installed."""
+    try:
+        import cyclonedds  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(
+            f"sinks.dds.enabled: Cyclone DDS is not installed ({err}); pip install 'edgerun[dds]' "
+            "(on aarch64 it builds against Cyclone's C library: README, Installing on aarch64), "
+            "or set sinks.dds.enabled = false"
+        ) from None
 
 _LOOPBACK_XML = (
     '<CycloneDDS><Domain id="any">'
@@ -236,15 +251,20 @@ class DdsSink(Sink):
 
     def __init__(self, cfg: DdsSinkConfig, node_id: str = "") -> None:
         super().__init__()
+        require_cyclonedds()
         self.cfg = cfg
         self.node_id = node_id or socket.gethostname()
         self.namespace = ros2_namespace(cfg.ros2_namespace, self.node_id)
         self.stats.connected = False
         self.status_reason = "not started"
         self.write_timeouts = 0  # reliable writes that hit max_blocking_ms (also in stats.dropped)
+        # The outbox and the counters are shared by the loop (submit) and the writer thread.
+        self._lock = threading.Condition()
         self._outbox = Outbox(cfg.outbox, self.stats)
+        self._writing = False  # a batch is out of the outbox and in a write call
+        self._closing = False
+        self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain_scheduled = False
         self._config = ""
         self._domain: Any = None
         self._participant: Any = None
@@ -262,7 +282,9 @@ class DdsSink(Sink):
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._config = resolve_config(self.cfg.cyclonedds_config, self.cfg.interface)
-        if not self._try_open():
+        if self._try_open():
+            self._start_writer()
+        else:
             # An interface that is not up yet (Wi-Fi at boot) is an outage, not a config error: retry.
             self._retry_task = self._loop.create_task(self._retry_open(), name="edgerun-dds-open")
 
@@ -315,29 +337,39 @@ class DdsSink(Sink):
             await asyncio.sleep(delay)
             delay = min(delay * 2.0, 30.0)
             if self._try_open():
-                self._schedule_drain()
+                self._start_writer()
+
+    def _start_writer(self) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="edgerun-dds-writer", daemon=True)
+            self._writer.start()
 
     def submit(self, batch: DetectionBatch, t_submit: float) -> None:
-        self.stats.submitted += 1
-        self._outbox.put((batch, t_submit))
-        self._schedule_drain()
+        with self._lock:
+            self.stats.submitted += 1
+            self._outbox.put((batch, t_submit))  # full: drops the oldest and counts it
+            self._lock.notify()
 
-    def _schedule_drain(self) -> None:
-        if not self._drain_scheduled and self._loop is not None and self.stats.connected:
-            self._drain_scheduled = True
-            self._loop.call_soon(self._drain)
-
-    def _drain(self) -> None:
-        self._drain_scheduled = False
-        for _ in range(min(len(self._outbox), _DRAIN_BURST)):
-            if not self.stats.connected:
-                return
-            batch, t_submit = self._outbox.pop()
-            self._write(batch, t_submit)
-        if len(self._outbox):
-            self._schedule_drain()
+    def _write_loop(self) -> None:
+        """The writer thread: takes batches off the outbox and writes them until the sink closes."""
+        lock = self._lock
+        while True:
+            with lock:
+                while not len(self._outbox) and not self._closing:
+                    lock.wait()
+                if not len(self._outbox):
+                    return  # closing and nothing left
+                batch, t_submit = self._outbox.pop()
+                self._writing = True
+            try:
+                self._write(batch, t_submit)
+            finally:
+                with lock:
+                    self._writing = False
+                    lock.notify_all()
 
     def _write(self, batch: DetectionBatch, t_submit: float) -> None:
+        """One batch to every writer (on the writer thread); counters are updated under the lock."""
         from cyclonedds.core import DDSException
 
         payload = batch.to_payload(t_submit)
@@ -348,17 +380,20 @@ class DdsSink(Sink):
             if self._ros2_writer is not None:
                 self._ros2_writer.write(payload_to_ros2(payload, self.cfg.frame_id), timestamp=timestamp)
         except DDSException as err:
-            if err.code == DDSException.DDS_RETCODE_TIMEOUT:
-                # A reliable reader is too slow: this batch is lost to flow control, not to a fault.
-                self.write_timeouts += 1
-                self.stats.dropped += 1
-                return
-            self.stats.errors += 1
-            if not self._error_logged:
-                log.error("dds: write failed: %s (further failures are only counted)", err)
+            with self._lock:
+                if err.code == DDSException.DDS_RETCODE_TIMEOUT:
+                    # A reliable reader is too slow: this batch is lost to flow control, not to a fault.
+                    self.write_timeouts += 1
+                    self.stats.dropped += 1
+                    return
+                self.stats.errors += 1
+                first = not self._error_logged
                 self._error_logged = True
+            if first:
+                log.error("dds: write failed: %s (further failures are only counted)", err)
             return
-        self.stats.sent += 1
+        with self._lock:
+            self.stats.sent += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("dds: wrote batch seq %d", batch.meta.seq)
 
@@ -377,21 +412,31 @@ class DdsSink(Sink):
             "queued": len(self._outbox),
         }
 
+    def _drained(self, timeout: float) -> bool:
+        """Wait (on an executor thread) until the writer has written everything queued."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not len(self._outbox) and not self._writing, timeout)
+
     async def close(self, timeout: float = 1.0) -> None:
         """Write what is queued (bounded by ``timeout``), then delete the DDS entities."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         if self._retry_task is not None:
             self._retry_task.cancel()
             await asyncio.gather(self._retry_task, return_exceptions=True)
-        while self.stats.connected and len(self._outbox) and loop.time() < deadline:
-            batch, t_submit = self._outbox.pop()
-            self._write(batch, t_submit)
-        left = len(self._outbox)
-        if left:
+        writer = self._writer
+        if writer is not None:
+            await loop.run_in_executor(None, self._drained, timeout)
+        with self._lock:
+            left = len(self._outbox)
             for _ in range(left):
                 self._outbox.pop()
             self.stats.dropped += left
+            self._closing = True
+            self._lock.notify_all()
+        if writer is not None:
+            # A write in progress ends within max_blocking_ms; the entities must outlive it.
+            await loop.run_in_executor(None, writer.join)
+            self._writer = None
         self._close_entities()
         self.stats.connected = False
         self.status_reason = "closed"

@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,68 @@ def test_missing_interface_is_an_outage_not_a_crash() -> None:
     assert not connected
     assert reason.startswith("dds domain ") and "nosuchif0: cannot start Cyclone DDS" in reason
     assert (dropped, queued) == (2, 4)
+
+
+class _BlockedWriter:
+    """Fault injection: a reliable write held up by a stalled reader, until the test releases it.
+
+    Cyclone's KEEP_LAST writers do not block on a stalled reader (only KEEP_ALL ones do), so
+    the stall is injected around the real writer; the released writes go through it.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release_timed_out = False
+
+    def write(self, sample: Any, timestamp: int = 0) -> None:
+        self.entered.set()
+        if not self.release.wait(10.0):
+            self.release_timed_out = True
+        self.real.write(sample, timestamp=timestamp)
+
+
+def test_a_blocked_write_never_holds_the_event_loop() -> None:
+    async def go() -> tuple[DdsSink, _BlockedWriter, int]:
+        sink = DdsSink(DdsSinkConfig(enabled=True, domain_id=dds_domain_id(), reliable=True, outbox=4), NODE)
+        await sink.start()
+        blocked = _BlockedWriter(sink._native_writer)
+        sink._native_writer = blocked
+        sink.submit(make_batch(0), time.monotonic())
+        # The loop keeps running while the writer is stuck: this wait is served by the loop itself.
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, blocked.entered.wait, 10.0)
+        for seq in range(1, 8):  # 7 more into an outbox of 4: the 3 oldest are dropped and counted
+            sink.submit(make_batch(seq), time.monotonic())
+            await asyncio.sleep(0)
+        queued_while_blocked = len(sink._outbox)
+        blocked.release.set()  # released by the loop: proof that the loop was not the one blocked
+        await sink.close(5.0)
+        return sink, blocked, queued_while_blocked
+
+    sink, blocked, queued = asyncio.run(go())
+    assert not blocked.release_timed_out
+    assert queued == 4
+    assert (sink.stats.submitted, sink.stats.sent, sink.stats.dropped) == (8, 5, 3)
+    assert sink._writer is None  # the writer thread ended with close()
+
+
+def test_dds_enabled_without_cyclonedds_is_a_config_error(tmp_path: Path, blazeface_bundle: Any) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[node]\nlog_level = "warning"\n[model]\nbundle = "{blazeface_bundle.root}"\n'
+        '[source]\nfps = 0.0\n[source.replay]\nframes = 2\n[sinks.jsonl]\nenabled = false\n'
+        "[service]\nhttp_enabled = false\n[sinks.dds]\nenabled = true\n"
+    )
+    # Cyclone is installed here: hide it the way a missing package looks (import fails).
+    code = (
+        "import sys; sys.modules['cyclonedds'] = None; from edgerun.cli import main; "
+        f"sys.exit(main(['run', '-c', {str(config)!r}]))"
+    )
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, env=python_env())
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("edgerun: error: sinks.dds.enabled: Cyclone DDS is not installed")
+    assert "pip install 'edgerun[dds]'" in lines[0]
