@@ -1,22 +1,26 @@
 """The Node: the one place that knows every part and wires them together.
 
-Start order: model bundle -> engines (failover opens every candidate) -> decoder ->
-source -> pool and stage threads -> sinks -> HTTP and systemd. Stop order is
-the reverse of the frame path: stop capture, drain frames in flight, flush
-sinks, say goodbye to systemd.
+Build (``Node.build``, on a thread, signal handlers already installed):
+preflight checks -> model bundle -> source -> engines (failover opens and warms
+every candidate) -> decoder -> pool. Serve (``Node.serve``): sinks -> serving
+controller -> HTTP -> stage threads -> watchdog -> OTA, then READY=1 to systemd.
+Services stop in reverse order: OTA first, then the pipeline drains its frames
+in flight, then HTTP and the sinks; STOPPING=1 comes first of all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 from edgerun.config import Config
 from edgerun.decoders import decoder_class
@@ -27,13 +31,17 @@ from edgerun.errors import SourceError
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
 from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
+from edgerun.pipeline.serving import Served, ServingController
 from edgerun.pipeline.stats import PipelineStats
+from edgerun.preflight import preflight
 from edgerun.preprocess import Preprocessor
 from edgerun.service.health import Health
 from edgerun.service.metrics import metrics_text, node_registry
+from edgerun.service.sdnotify import SdNotifier, Watchdog
 from edgerun.sinks import sink_class
 from edgerun.sinks.base import Sink
 from edgerun.sources import make_source
+from edgerun.sources.base import Source
 from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
@@ -149,7 +157,14 @@ class FpsMeter:
 
 
 class Node:
-    """One node's runtime. ``await node.run()`` returns the process exit code."""
+    """One node's runtime: ``await node.build()`` then ``await node.serve()``; ``await node.run()`` does both.
+
+    ``build`` does everything before the first frame (checks, bundle, source,
+    engines opened and warm, pipeline) on a worker thread, so a SIGTERM during a
+    long accelerator open is handled at once. ``serve`` starts the auxiliary
+    services (sinks, HTTP, then the pipeline, watchdog and OTA), tells systemd
+    READY=1 and runs until stopped; the services stop in reverse order.
+    """
 
     def __init__(self, cfg: Config, *, observers: list[Callable[[DetectionBatch], None]] | None = None) -> None:
         self.cfg = cfg
@@ -160,9 +175,19 @@ class Node:
         self.observers = observers or []
         self._fps = FpsMeter()
         self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.pipeline: Pipeline | None = None
-        self.failover: Failover | None = None
+        # Owns which runtime serves: failover, OTA swaps and rollbacks go through it.
+        self.serving = ServingController(
+            retire_timeout_s=cfg.service.shutdown_timeout_s, on_swap=self._on_model_swapped
+        )
         self.updater: Any = None  # edgerun.ota.updater.Updater when ota.enabled
+        self.source: Source | None = None
+        self._source_open = True
+        self._starting: Failover | None = None  # the failover being opened by build, until it serves
+        self._aborted = False  # a stop came during build
+        # Auxiliary services started by serve, stopped in reverse order (sinks, HTTP, pipeline, watchdog, OTA).
+        self._services = contextlib.AsyncExitStack()
         self.t_start = time.monotonic()
         self.t_pipeline_start = self.t_start
         self.t_first_batch: float | None = None
@@ -170,6 +195,12 @@ class Node:
         self._notifier: Any = None
 
     # -- read by the service -------------------------------------------------
+
+    @property
+    def failover(self) -> Failover | None:
+        """The failover in charge of the serving model (replaced by an OTA swap)."""
+        owner = self.serving.owner
+        return owner if isinstance(owner, Failover) else self._starting
 
     @property
     def model_name(self) -> str:
@@ -188,6 +219,9 @@ class Node:
 
     def pool_free(self) -> int:
         return self.pipeline.pool.free if self.pipeline else 0
+
+    def inference_errors(self) -> int:
+        return self.stats.dropped[("infer", "error")]
 
     def status_text(self) -> str:
         return f"{self.health.state}, {self.fps():.1f} fps, {self.stats.published} batches"
@@ -211,22 +245,41 @@ class Node:
         if self.t_first_batch is None:
             self.t_first_batch = now
             self.health.mark_running()
-            self._notifier_ready()
         for sink in self.sinks:
             sink.submit(batch, now)
         for observe in self.observers:
             observe(batch)
 
-    def _notifier_ready(self) -> None:
-        if self._notifier is not None:
-            self._notifier.ready()
-
     def _on_health_change(self, state: str, reasons: dict[str, str]) -> None:
-        self._publish_event("health", {"state": state, "reasons": reasons})
+        self.publish_event("health", {"state": state, "reasons": reasons})
 
-    def _publish_event(self, kind: str, data: dict[str, Any]) -> None:
+    def publish_event(self, kind: str, data: dict[str, Any]) -> None:
+        """An event on every sink (on the loop); one sink refusing it does not keep it from the others."""
         for sink in self.sinks:
-            sink.publish_event(kind, data)
+            try:
+                sink.publish_event(kind, data)
+            except Exception:
+                log.exception("sink %s refused a %s event", sink.KEY, kind)
+
+    def _publish_from_thread(self, kind: str, data: dict[str, Any]) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self.publish_event, kind, data)
+        except RuntimeError:
+            log.debug("%s event not published: the loop is closed", kind)
+
+    def _on_model_swapped(self, runtime: ModelRuntime) -> None:
+        self._publish_from_thread("model", {"name": runtime.model.name, "version": runtime.model.version})
+
+    def open_model(self, bundle: ModelBundle) -> Served:
+        """Open ``bundle`` on ``engine.order`` beside the serving model, warm, not serving (blocking)."""
+        frame_size = (self.source.width, self.source.height) if self.source is not None else FALLBACK_FRAME_SIZE
+        failover = open_failover(
+            self.cfg, bundle, frame_size, health=self.health, on_event=self._publish_from_thread
+        )
+        return Served(failover.start(), failover)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -235,119 +288,214 @@ class Node:
             self._stop.set()
 
     async def run(self, *, seconds: float | None = None, install_signals: bool = True) -> int:
-        """Run until SIGTERM/SIGINT, ``seconds`` elapse, or a finite source ends."""
-        from edgerun.service.sdnotify import SdNotifier, Watchdog
-
+        """Build, then serve until SIGTERM/SIGINT, ``seconds`` elapse, or a finite source ends."""
         loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+        self._stop = self._stop or asyncio.Event()
+        if install_signals:
+            # First of all: a stop while engines open is a clean stop, not a crash inside a driver.
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        try:
+            if not await self.build():
+                return 0
+            return await self.serve(seconds=seconds)
+        finally:
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    async def build(self) -> bool:
+        """Everything before the first frame; False when a stop came first (what was opened is closed).
+
+        Raises what a person must fix (ConfigError, ModelError) before any heavy work.
+        """
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop = self._stop or asyncio.Event()
         self.health = Health(notify=loop.call_soon_threadsafe)
         self.health.on_change.append(self._on_health_change)
         self._notifier = SdNotifier()
-        cfg = self.cfg
-
-        if cfg.ota.enabled:
+        preflight(self.cfg)
+        if self.cfg.ota.enabled:
             from edgerun.ota.updater import Updater
 
+            self.updater = Updater(self, self.cfg.ota)
+        done: asyncio.Future[None] = loop.create_future()
+        # A daemon thread, not the default executor: an open stuck in a driver must not hold up the exit.
+        threading.Thread(target=self._build_on_thread, args=(loop, done), name="edgerun-build", daemon=True).start()
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if done.done():
+            try:
+                done.result()  # raises what the build raised
+            except BaseException:
+                self._close_parts()
+                raise
+            return True
+        done.cancel()
+        log.info("stop requested while starting: stopping cleanly")
+        self.health.mark_stopping()
+        self._close_parts()
+        return False
+
+    def _build_on_thread(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:
+        error: BaseException | None = None
+        try:
+            self._build_parts()
+        except BaseException as err:  # handed to build() on the loop
+            error = err
+
+        def finish() -> None:
+            if done.done():  # cancelled: a stop came first
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+
+        try:
+            loop.call_soon_threadsafe(finish)
+        except RuntimeError:
+            pass  # the loop is closed: the node stopped during its build
+
+    def _build_parts(self) -> None:
+        """Bundle -> source -> engines -> pipeline (the build thread; checks for a stop between steps)."""
+        cfg = self.cfg
+        if self.updater is not None:
             # Recovers an interrupted update and serves the active slot (the configured bundle seeds slot a).
-            self.updater = Updater(self, cfg.ota)
             bundle = self.updater.boot_bundle(lambda: open_bundle(cfg))
         else:
             bundle = open_bundle(cfg)
-
-        source = make_source(cfg.source)
-        source_open = True
+        if self._aborted:
+            return
+        self.source = source = make_source(cfg.source)
         try:
             source.open()
         except SourceError as err:
             # A camera that is not there yet must not keep the node down: run degraded and keep trying.
-            source_open = False
+            self._source_open = False
             self.health.set_problem("source", str(err))
             log.warning("%s; the node starts degraded and keeps trying", err)
             source.width = source.width or cfg.source.width or FALLBACK_FRAME_SIZE[0]
             source.height = source.height or cfg.source.height or FALLBACK_FRAME_SIZE[1]
-
-        self.failover = failover = open_failover(
-            cfg,
-            bundle,
-            (source.width, source.height),
-            health=self.health,
-            on_event=lambda kind, data: loop.call_soon_threadsafe(self._publish_event, kind, data),
+        if self._aborted:
+            return
+        self._starting = failover = open_failover(
+            cfg, bundle, (source.width, source.height), health=self.health, on_event=self._publish_from_thread
         )
-        try:
-            runtime = failover.start()
-        except BaseException:
-            source.close()
-            raise
-        settings = PipelineSettings(
-            queue_depth=cfg.pipeline.queue_depth,
-            policy=cfg.pipeline.policy,
-            stage_threads=cfg.pipeline.stage_threads,
-            workers=failover.concurrency(),
-            pace_fps=cfg.source.fps,
-            reopen_backoff_s=cfg.source.reopen_backoff_s,
-            reopen_backoff_max_s=cfg.source.reopen_backoff_max_s,
-            snapshot_interval_s=cfg.service.snapshot_interval_s,
-        )
-        self.pipeline = pipeline = Pipeline(
+        runtime = failover.start()
+        if self._aborted:
+            return
+        loop = self._loop
+        assert loop is not None
+        self.pipeline = Pipeline(
             node_id=self.node_id,
             source=source,
             runtime=runtime,
             on_batch=lambda batch: loop.call_soon_threadsafe(self._on_batch, batch),
-            settings=settings,
+            settings=PipelineSettings(
+                queue_depth=cfg.pipeline.queue_depth,
+                policy=cfg.pipeline.policy,
+                stage_threads=cfg.pipeline.stage_threads,
+                workers=failover.concurrency(),
+                pace_fps=cfg.source.fps,
+                reopen_backoff_s=cfg.source.reopen_backoff_s,
+                reopen_backoff_max_s=cfg.source.reopen_backoff_max_s,
+                snapshot_interval_s=cfg.service.snapshot_interval_s,
+            ),
             health=self.health,
             stats=self.stats,
-            infer_guard=failover,
+            infer_guard=self.serving,
         )
 
-        await self._start_sinks()
-        failover.attach(pipeline)  # after the sinks: its first event reports how the engines started
-        http = await self._start_http()
-        watchdog = Watchdog(
+    def _close_parts(self) -> None:
+        """Build failed or was stopped: close what it opened; an open still running is left to the exiting process."""
+        self._aborted = True
+        if self._starting is not None:
+            self._starting.close()  # also marks the breadcrumbs clean: nothing is blamed for this stop
+        if self.source is not None:
+            self.source.close()
+
+    async def serve(self, *, seconds: float | None = None) -> int:
+        """Serve frames until stopped, ``seconds`` elapse or a finite source ends; returns the exit code."""
+        pipeline, failover = self.pipeline, self._starting
+        if pipeline is None or failover is None or self._aborted:
+            return 0
+        loop = asyncio.get_running_loop()
+        assert self._stop is not None and self.source is not None
+        services = self._services
+        try:
+            await self._start_sinks()
+            # After the sinks: the failover's first event reports how the engines started.
+            self.serving.serve(pipeline, failover)
+            self._starting = None
+            await self._start_http()
+            # Stall time counts from here: loading the model and the scene is not a stalled pipeline.
+            self.t_pipeline_start = time.monotonic()
+            pipeline.start(source_open=self._source_open)
+            services.push_async_callback(self._drain, pipeline)
+            self._start_task(self._watchdog().run())
+            self._start_task(self._watch_sinks())
+            if self.updater is not None:
+                self.updater.start()
+                services.push_async_callback(self.updater.stop)  # first to stop: no swap while frames drain
+            # Built, engines warm, services up: ready, even with no camera yet (health says degraded and why).
+            self._notifier.ready()
+            self._log_started(pipeline)
+            ended = loop.run_in_executor(None, pipeline.end_of_stream.wait)
+            waiters = [asyncio.ensure_future(self._stop.wait()), ended]
+            try:
+                await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+        finally:
+            self.health.mark_stopping()
+            self._notifier.stopping()
+            await services.aclose()
+            pipeline.end_of_stream.set()  # release the executor waiter
+            (self.serving.owner or failover).close()  # an OTA update may have replaced it
+            self.source.close()
+        log.info("stopped: %s", json.dumps(self.summary(), sort_keys=True))
+        return 0
+
+    def _start_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+
+        async def cancel() -> None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        self._services.push_async_callback(cancel)
+
+    def _watchdog(self) -> Watchdog:
+        return Watchdog(
             self._notifier,
             last_progress=lambda: self.stats.last_inference or self.t_pipeline_start,
-            stall_s=cfg.service.stall_s,
+            stall_s=self.cfg.service.stall_s,
             health=self.health,
             status_text=self.status_text,
             # A camera being reopened is a known, handled outage: a restart would not bring it back.
             stall_excused=lambda: "source" in self.health.reasons,
         )
-        if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
-        # Stall time counts from here: loading the model and the scene is not a stalled pipeline.
-        self.t_pipeline_start = time.monotonic()
-        pipeline.start(source_open=source_open)
-        watchdog_task = asyncio.create_task(watchdog.run())
-        sink_watch = asyncio.create_task(self._watch_sinks())
-        if self.updater is not None:
-            self.updater.start()
-        engine = runtime.engine
+
+    def _log_started(self, pipeline: Pipeline) -> None:
+        engine, source, model = pipeline.runtime.engine, pipeline.source, pipeline.runtime.model
         log.info(
             "node %s: %s v%d on %s (%d x %d threads), source %s %dx%d, %d %s worker(s)%s",
-            self.node_id, bundle.name, bundle.version, engine.KEY,
+            self.node_id, model.name, model.version, engine.KEY,
             getattr(engine, "replicas", 1), getattr(engine, "num_threads", 0),
             source.KEY, source.width, source.height,
             pipeline.workers, "fused" if pipeline.fused else "separate-stage",
             ", reading frames themselves" if pipeline.inline_capture else "",
         )
 
-        ended = loop.run_in_executor(None, pipeline.end_of_stream.wait)
-        waiters = [asyncio.ensure_future(self._stop.wait()), ended]
-        try:
-            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sink_watch.cancel()
-            await self._shutdown(pipeline, http, watchdog_task, install_signals)
-            pipeline.end_of_stream.set()  # release the executor waiter
-            for waiter in waiters:
-                waiter.cancel()
-            (self.failover or failover).close()  # an OTA update may have replaced it
-            source.close()
-        log.info("stopped: %s", json.dumps(self.summary(), sort_keys=True))
-        return 0
-
     async def _start_sinks(self) -> None:
         sinks_cfg = self.cfg.sinks
+        self._services.push_async_callback(self._close_sinks)  # the ones that started, side by side
         for key, section in (("jsonl", sinks_cfg.jsonl), ("mqtt", sinks_cfg.mqtt), ("dds", sinks_cfg.dds)):
             if not section.enabled:
                 continue
@@ -371,10 +519,10 @@ class Node:
                     self.health.set_problem(key, reason)
             await asyncio.sleep(period_s)
 
-    async def _start_http(self) -> Any:
+    async def _start_http(self) -> None:
         svc = self.cfg.service
         if not svc.http_enabled:
-            return None
+            return
         from edgerun.service.http import HttpService
 
         registry = node_registry(self)
@@ -387,52 +535,19 @@ class Node:
         )
         await http.start()
         self.http_port = http.port
-        return http
+        self._services.push_async_callback(http.stop)
 
-    async def _shutdown(self, pipeline: Pipeline, http: Any, watchdog_task: asyncio.Task[None], signals: bool) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = self.cfg.service.shutdown_timeout_s
-        if self.updater is not None:
-            await self.updater.stop()  # first: no model swap while the pipeline drains
-        self.health.mark_stopping()
-        if self._notifier is not None:
-            self._notifier.stopping()
+    async def _drain(self, pipeline: Pipeline) -> None:
+        """Stop capture and let the frames in flight reach the sinks (before the sinks close)."""
+        timeout = self.cfg.service.shutdown_timeout_s * 0.6
         pipeline.stop()
-        drained = await loop.run_in_executor(None, pipeline.join, timeout * 0.6)
-        if not drained:
-            log.warning("frames in flight did not drain within %.1f s", timeout * 0.6)
+        if not await asyncio.get_running_loop().run_in_executor(None, pipeline.join, timeout):
+            log.warning("frames in flight did not drain within %.1f s", timeout)
         await asyncio.sleep(0)  # let the last call_soon_threadsafe batches reach the sinks
-        await asyncio.gather(*(sink.close(timeout * 0.3) for sink in self.sinks), return_exceptions=True)
-        watchdog_task.cancel()
-        if http is not None:
-            await http.stop()
-        if signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
 
-    async def swap_model(self, runtime: ModelRuntime, failover: Failover | None = None) -> tuple[ModelRuntime, Any]:
-        """Serve ``runtime`` from the next frame (OTA update or rollback); returns the (runtime, failover) replaced.
-
-        The old runtime is retired (no frame in flight uses it) but left open, so the
-        caller can swap it back in or close it.
-        """
-        pipeline = self.pipeline
-        assert pipeline is not None
-        old = (pipeline.runtime, self.failover)
-        replaces_guard = failover is not None and failover is not self.failover
-        if replaces_guard and self.failover is not None:
-            # Its re-probing must not swap the replaced model back in while the new one is on trial.
-            self.failover.detach()
-        pipeline.swap_runtime(runtime)
-        if replaces_guard:
-            self.failover = failover
-            pipeline.infer_guard = failover
-            failover.attach(pipeline)
-        timeout = self.cfg.service.shutdown_timeout_s
-        if not await asyncio.get_running_loop().run_in_executor(None, pipeline.retire, old[0], timeout):
-            log.warning("frames on the replaced model did not finish within %.1f s", timeout)
-        self._publish_event("model", {"name": runtime.model.name, "version": runtime.model.version})
-        return old
+    async def _close_sinks(self) -> None:
+        timeout = self.cfg.service.shutdown_timeout_s * 0.3
+        await asyncio.gather(*(sink.close(timeout) for sink in self.sinks), return_exceptions=True)
 
     def summary(self) -> dict[str, Any]:
         """Counters for the end-of-run summary and the periodic metrics message."""

@@ -39,13 +39,16 @@ import numpy as np
 
 from edgerun.bench.pipeline import clip_dir, node_layout, open_clip, resolve_bundle, timed_rate
 from edgerun.engines.base import EngineOptions
-from edgerun.engines.failover import EngineWorker, Failover, FailoverSettings, FaultInjectingEngine, FaultPlan
+from edgerun.engines.failover import Failover, FailoverSettings
 from edgerun.engines.tflite import TFLiteEngine
+from edgerun.engines.worker import EngineWorker
 from edgerun.models.bundle import ModelBundle
 from edgerun.node import build_runtime
 from edgerun.pipeline.runner import ModelRuntime, Pipeline, PipelineSettings
+from edgerun.pipeline.serving import ServingController
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.sources.base import Source
+from edgerun.testing.faults import FaultInjectingEngine, FaultPlan
 from edgerun.types import DetectionBatch
 
 QUEUE_DEPTH = 1
@@ -129,6 +132,7 @@ class BenchPipeline:
     ) -> None:
         self.clock = BatchClock()
         self.stats = PipelineStats()
+        self.serving = ServingController()
         self.pipeline = Pipeline(
             node_id="bench",
             source=source,
@@ -141,8 +145,10 @@ class BenchPipeline:
                 workers=guard.concurrency() if guard is not None else 0,
             ),
             stats=self.stats,
-            infer_guard=guard,
+            infer_guard=self.serving if guard is not None else None,
         )
+        if guard is not None:
+            self.serving.serve(self.pipeline, guard)  # the failover takes charge and starts re-probing
 
     def lost(self) -> int:
         return sum(self.stats.dropped[("infer", r)] for r in LOST_REASONS)
@@ -227,7 +233,6 @@ def bench_faults(
     accel = failover.candidates[0]
     results: dict[str, Any] = {}
     run = BenchPipeline(source, runtime, failover)
-    failover.attach(run.pipeline)
     results["workers"] = run.pipeline.workers
     results["frames_in_flight"] = frames_in_flight(run.pipeline.workers)
     with run:
@@ -274,7 +279,6 @@ def bench_fallback_throughput(
     failover = _accel_failover(bundle, plan, threads, (source.width, source.height), settings, single)
     runtime = failover.start()
     run = BenchPipeline(source, runtime, failover)
-    failover.attach(run.pipeline)
     with run:
         plan.arm("raise", after=5)
         _wait(lambda: failover.active_key == "tflite", 30.0, "the failover")
@@ -316,7 +320,6 @@ def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: 
             failover = _accel_failover(bundle, FaultPlan(), threads, size, FailoverSettings())
             guarded_runtime = failover.start()
             run = BenchPipeline(source, guarded_runtime, failover)
-            failover.attach(run.pipeline)
             with run:
                 time.sleep(min(1.0, phase / 4))
                 t0 = time.monotonic()

@@ -35,8 +35,10 @@ Health is ``degraded`` (problem key ``engine``) while the node serves on a
 candidate other than its preferred one; each switch is published as an
 ``engine`` event and counted for /metrics.
 
-``FaultInjectingEngine`` at the end of this module is a test and benchmark
-tool, not a back end.
+Which runtime the pipeline serves is owned by ``ServingController``
+(``edgerun.pipeline.serving``): failover asks it to activate a candidate and
+is refused once an OTA swap has handed the pipeline to another owner. The
+fault-injection tools live in ``edgerun.testing``.
 """
 
 from __future__ import annotations
@@ -47,14 +49,17 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from edgerun.engines.base import Engine
 from edgerun.engines.breadcrumb import Breadcrumbs, InFlight
+from edgerun.engines.worker import EngineHang, EngineWorker, call_with_timeout
 from edgerun.errors import EngineError, ModelError
-from edgerun.pipeline.runner import FrameLost, ModelRuntime, Pipeline, ProblemReporter
+from edgerun.pipeline.runner import FrameLost, ModelRuntime, ProblemReporter
+
+if TYPE_CHECKING:
+    from edgerun.pipeline.serving import ServingController
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +82,6 @@ EventCallback = Callable[[str, dict[str, Any]], None]
 OpenRuntime = Callable[[str], ModelRuntime]
 
 
-class EngineHang(EngineError):
-    """An engine call overran its deadline (the driver is wedged)."""
-
-
 @dataclass(slots=True)
 class FailoverSettings:
     hang_deadline_s: float = 0.0  # 0: auto, HANG_P99_MULTIPLE x p99 and at least HANG_FLOOR_S
@@ -91,96 +92,6 @@ class FailoverSettings:
     def backoff(self, failures: int) -> float:
         """Seconds before the next probe after ``failures`` consecutive failures (>= 1)."""
         return min(self.reprobe_max_s, self.reprobe_min_s * 2.0 ** max(0, failures - 1))
-
-
-def call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
-    """``fn()`` on a throw-away daemon thread; EngineHang if it does not return in time."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # handed to the caller
-            box["error"] = err
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise EngineHang(f"{name} did not return within {timeout:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-class EngineWorker:
-    """One engine's calls, run on its own thread so the caller can stop waiting.
-
-    ``call`` hands the job over with two locks used as binary semaphores (the
-    cheapest wake-up CPython has; ~10 us a round trip) and waits at most the
-    deadline. On a timeout the worker is abandoned: it stays blocked in the
-    driver, and if the call ever returns the thread just ends.
-    """
-
-    def __init__(self, engine: Engine, name: str, inflight: InFlight | None = None) -> None:
-        self.engine = engine
-        self.inflight = inflight
-        self._go = threading.Lock()
-        self._go.acquire()
-        self._done = threading.Lock()
-        self._done.acquire()
-        self._job: tuple[np.ndarray, list[np.ndarray]] | None = None
-        self._error: BaseException | None = None
-        self.abandoned = False
-        self._closed = False
-        self.started_at = 0.0  # monotonic start of the call in flight; 0.0 when idle
-        self._thread = threading.Thread(target=self._run, name=f"edgerun-engine-{name}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        engine, inflight = self.engine, self.inflight
-        while True:
-            self._go.acquire()
-            if self._closed:
-                return
-            job = self._job
-            assert job is not None
-            error: BaseException | None = None
-            try:
-                if inflight is not None:
-                    with inflight:
-                        engine.infer(job[0], job[1])
-                else:
-                    engine.infer(job[0], job[1])
-            except BaseException as err:  # handed to the caller
-                error = err
-            self._error = error
-            self._job = None
-            if self.abandoned:
-                return
-            self._done.release()
-
-    def call(self, tensor: np.ndarray, outputs: list[np.ndarray], deadline_s: float) -> None:
-        """Run one inference; raises the engine's exception, or EngineHang past ``deadline_s``."""
-        if self.abandoned or self._closed:
-            raise EngineError("engine worker is no longer in service")
-        self._job = (tensor, outputs)
-        self.started_at = time.monotonic()
-        self._go.release()
-        if not self._done.acquire(timeout=deadline_s):
-            self.abandoned = True
-            raise EngineHang(f"inference ran past its {deadline_s * 1000:.0f} ms deadline")
-        self.started_at = 0.0
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        """End an idle worker's thread (an abandoned one ends by itself if its call returns)."""
-        if self.abandoned or self._closed:
-            return
-        self._closed = True
-        self._go.release()
 
 
 class Candidate:
@@ -251,7 +162,8 @@ class _Lane:
 
 
 class Failover:
-    """The failover controller, and the pipeline's ``InferGuard``.
+    """Failover over one model's engines: an owner under the ``ServingController``, which hands it the
+    pipeline's engine calls (``infer``) while it is in charge.
 
     ``open_runtime(key)`` opens a fresh engine for back end ``key`` and builds
     its runtime (the Node's ``build_runtime``); it raises ModelError when the
@@ -286,7 +198,7 @@ class Failover:
         self._lanes: dict[ModelRuntime, _Lane] = {}
         self._dead: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
         self._to_retire: list[_Lane] = []
-        self._pipeline: Pipeline | None = None
+        self._serving: ServingController | None = None
         self.active: Candidate | None = None
         self.failovers = 0
         self.switch_backs = 0
@@ -351,6 +263,8 @@ class Failover:
             self._crumbs.retain()
         now = time.monotonic()
         for cand in self.candidates:
+            if self._closing:
+                break  # closed from another thread while starting (a stop during the node's build)
             if cand.state == ABSENT:
                 log.info("engine %s skipped: %s", cand.key, cand.reason)
                 continue
@@ -368,6 +282,8 @@ class Failover:
             if crashes:
                 cand.failures = crashes  # earlier crashes not yet forgiven: back off further if it fails
             self._probe(cand, at_start=True)
+        if self._closing:
+            raise EngineError("engines closed while they were being opened")
         ready = [c for c in self.candidates if c.state == READY]
         if not ready:
             if self._crumbs is not None:
@@ -382,14 +298,14 @@ class Failover:
         assert ready[0].runtime is not None
         return ready[0].runtime
 
-    def attach(self, pipeline: Pipeline) -> None:
-        """Serve ``pipeline`` (built with ``infer_guard=self``) and start re-probing in the background."""
+    def attach(self, serving: ServingController) -> None:
+        """Take charge under ``serving`` (its ``serve`` or ``swap`` calls this) and start re-probing."""
         with self._lock:
-            self._pipeline = pipeline
+            self._serving = serving
             for cand in self.candidates:
                 if cand.state == READY and cand.runtime is not None:
                     self._premake_buffers(cand.runtime)
-            if self.active is not None and self.active.runtime is not pipeline.runtime:
+            if self.active is not None and self.active.runtime is not serving.runtime:
                 self._activate(self.active, reason="start")
             self._update_health()
             active, preferred = self.active, self.preferred
@@ -402,11 +318,11 @@ class Failover:
     def detach(self) -> None:
         """Stop re-probing and leave the pipeline alone; engines stay open (an OTA swap keeps them for rollback).
 
-        ``attach`` serves a pipeline again.
+        ``attach`` takes charge again.
         """
         self._stop_supervisor()
         with self._lock:
-            self._pipeline = None
+            self._serving = None
 
     def _stop_supervisor(self) -> None:
         self._closing = True
@@ -423,8 +339,10 @@ class Failover:
         self._stop_supervisor()
         with self._lock:
             self._account_switch(None)
-            lanes = list(self._lanes.values())
+            # Lanes that failed and wait for the supervisor to retire them are closed too.
+            lanes = [*self._lanes.values(), *self._to_retire]
             self._lanes.clear()
+            self._to_retire = []
             for cand in self.candidates:
                 cand.runtime, cand.worker = None, None
         for lane in lanes:
@@ -491,9 +409,9 @@ class Failover:
 
     @property
     def _in_charge(self) -> bool:
-        """False once the pipeline is guarded by another failover (an OTA swap): then hands off."""
-        pipeline = self._pipeline
-        return pipeline is None or getattr(pipeline, "infer_guard", self) is self
+        """False once the serving controller has handed the pipeline to another owner (an OTA swap)."""
+        serving = self._serving
+        return serving is None or serving.in_charge(self)
 
     def _best_ready(self) -> Candidate | None:
         return next((c for c in self.candidates if c.state == READY and c.runtime is not None), None)
@@ -502,9 +420,8 @@ class Failover:
         """Under the lock: serve ``target`` from the next frame on."""
         previous = self.active
         assert target.runtime is not None
-        in_charge = self._in_charge
-        if in_charge and self._pipeline is not None and self._pipeline.runtime is not target.runtime:
-            self._pipeline.swap_runtime(target.runtime)
+        serving = self._serving
+        in_charge = serving is None or serving.activate(self, target.runtime)
         self.active = target
         target.served_since = time.monotonic()
         if previous is not None and previous is not target:
@@ -564,8 +481,8 @@ class Failover:
 
     def _premake_buffers(self, runtime: ModelRuntime) -> None:
         """Make what a standby needs in the pipeline now, so a failover to it allocates nothing."""
-        if self._pipeline is not None:
-            self._pipeline.prepare(runtime)
+        if self._serving is not None:
+            self._serving.prepare(runtime)
 
     # -- probing (start, then the supervisor thread) -------------------------------------
 
@@ -660,7 +577,8 @@ class Failover:
         with self._lock:
             lanes, self._to_retire = self._to_retire, []
         for lane in lanes:
-            if self._pipeline is not None and not self._pipeline.retire(lane.runtime, self.settings.retire_timeout_s):
+            serving = self._serving
+            if serving is not None and not serving.retire(lane.runtime, self.settings.retire_timeout_s):
                 log.warning("frames for the failed %s engine did not drain; retiring it anyway", lane.candidate.key)
             self._close_lane(lane, wait=False)
 
@@ -713,82 +631,3 @@ class Failover:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-# -- fault injection: a test and benchmark tool, not a back end ----------------------------
-
-
-class InjectedFault(EngineError):
-    """The failure a ``FaultInjectingEngine`` was told to produce."""
-
-
-class FaultPlan:
-    """What the fault-injecting engines of one back end do; shared by every instance, so a re-probe
-    (a fresh engine) sees the fault until it is cleared, like a real dead device.
-
-    ``arm("raise", after=N)``: the call N+1 from now and every later one raises.
-    ``arm("hang", after=N)``: the call N+1 from now and every later one blocks until ``clear()``.
-    """
-
-    def __init__(self) -> None:
-        self.mode: str | None = None
-        self._countdown = 0
-        self._lock = threading.Lock()
-        self._release = threading.Event()
-        self.calls = 0
-        self.faults = 0
-        self.t_fault = 0.0  # monotonic time the last injected fault began
-
-    def arm(self, mode: str, after: int = 0) -> None:
-        if mode not in ("raise", "hang"):
-            raise ValueError(f"unknown fault mode {mode!r}")
-        with self._lock:
-            self._release.clear()
-            self.mode, self._countdown = mode, after
-
-    def clear(self) -> None:
-        with self._lock:
-            self.mode = None
-            self._release.set()
-
-    def before_call(self) -> None:
-        with self._lock:
-            self.calls += 1
-            mode = self.mode
-            if mode is None:
-                return
-            if self._countdown > 0:
-                self._countdown -= 1
-                return
-            self.faults += 1
-            self.t_fault = time.monotonic()
-            release = self._release
-        if mode == "raise":
-            raise InjectedFault("injected fault")
-        release.wait()  # a wedged driver: returns only when the fault is cleared
-
-
-class FaultInjectingEngine(Engine):
-    """TEST TOOL: a real engine that fails on command (see ``FaultPlan``); registered under no key."""
-
-    def __init__(self, inner: Engine, plan: FaultPlan, key: str | None = None) -> None:
-        self.inner = inner
-        self.plan = plan
-        self.KEY = key or inner.KEY  # type: ignore[misc]  # reports as the back end it stands in for
-        self.model_path, self.options = inner.model_path, inner.options
-        self.input_spec = inner.input_spec
-        self.output_specs = inner.output_specs
-        self.cpu_threads = getattr(inner, "cpu_threads", 0)
-
-    def allocate_input(self) -> np.ndarray:
-        return self.inner.allocate_input()
-
-    def allocate_outputs(self) -> list[np.ndarray]:
-        return self.inner.allocate_outputs()
-
-    def infer(self, tensor: np.ndarray, outputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        self.plan.before_call()
-        return self.inner.infer(tensor, outputs)
-
-    def close(self) -> None:
-        self.inner.close()

@@ -32,7 +32,7 @@ import platform
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import msgspec
 import numpy as np
@@ -48,17 +48,35 @@ from edgerun.ota.payload import pack_bundle, sha256_bytes, sha256_file
 from edgerun.ota.store import PAYLOAD, ModelStore, atomic_write, default_state_dir
 from edgerun.ota.transport import Offer, RateLimiter, Transport, TransportError
 from edgerun.ota.trust import Keyring, TrustStore
+from edgerun.pipeline.serving import Served, ServingController
 
 if TYPE_CHECKING:
     from edgerun.config import Config, OtaConfig
-    from edgerun.node import Node
-    from edgerun.pipeline.runner import ModelRuntime
     from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
 
-# A model being served: its runtime, and the engine failover that owns it (None without failover).
-Serving = tuple["ModelRuntime", Any]
+
+
+class UpdaterHost(Protocol):
+    """What the updater needs of the node it updates (``edgerun.node.Node``), and nothing more.
+
+    What serves is asked of ``serving`` (the node's ``ServingController``): the updater
+    swaps a warmed model in, and back out on a rollback, through it alone.
+    """
+
+    node_id: str
+    cfg: Config
+    observers: list[Callable[[DetectionBatch], None]]
+    serving: ServingController
+
+    def open_model(self, bundle: ModelBundle) -> Served:
+        """``bundle`` opened and warmed up on the node's engines beside the serving model (blocking)."""
+        ...
+
+    def publish_event(self, kind: str, data: dict[str, Any]) -> None: ...
+
+    def inference_errors(self) -> int: ...
 
 TIME_ERROR = 5  # adjtimex(2): the kernel clock is not synchronised
 RETRY_MAX_S = 3600.0
@@ -143,7 +161,7 @@ class BatchWatch:
 class Updater:
     """Polls the configured sources and applies releases to the running node."""
 
-    def __init__(self, node: Node, cfg: OtaConfig) -> None:
+    def __init__(self, node: UpdaterHost, cfg: OtaConfig) -> None:
         self.node = node
         self.cfg = cfg
         self.store = ModelStore(cfg.state_dir or default_state_dir())
@@ -483,9 +501,8 @@ class Updater:
                 raise
             await self._io(store.journal, txn, "staged")
             self._report("staged", slot=slot)
-            loop = asyncio.get_running_loop()
             try:
-                serving = await self._in_executor(self._open_runtime, bundle, loop)
+                serving = await self._in_executor(self._open_runtime, bundle)
             except Exception as err:
                 reason = f"warm-up failed: {err}"
                 await self._fail(txn, begin, reason)
@@ -500,7 +517,7 @@ class Updater:
             # start. (A stop while "warmed" was being written lands here too, after it is on disk.)
             await self._io(store.abort, txn, "the node stopped during the install")
             raise
-        self._report("warmed", engine=serving[0].engine.KEY)
+        self._report("warmed", engine=serving.runtime.engine.KEY)
         return await self._trial(txn, begin, manifest, serving)
 
     async def _fail(self, txn: int, begin: dict[str, Any], reason: str) -> None:
@@ -508,23 +525,11 @@ class Updater:
         self._txn = None
         self.status.update(installed=self._installed_summary())
 
-    def _open_runtime(self, bundle: ModelBundle, loop: asyncio.AbstractEventLoop) -> Serving:
-        """Open the new model beside the running one and check one inference (executor thread).
-
-        """
-        from edgerun import node as node_module
-
-        node = self.node
-        assert node.pipeline is not None
-        source = node.pipeline.source
-        frame_size = (source.width, source.height)
+    def _open_runtime(self, bundle: ModelBundle) -> Served:
+        """Open the new model beside the running one and check one inference (executor thread)."""
         # The new model gets its own failover over engine.order (every candidate opened and warmed up).
-        failover = node_module.open_failover(
-            node.cfg, bundle, frame_size, health=node.health,
-            on_event=lambda kind, data: loop.call_soon_threadsafe(node._publish_event, kind, data),
-        )
-        runtime = failover.start()
-        serving: Serving = (runtime, failover)
+        serving = self.node.open_model(bundle)
+        runtime = serving.runtime
         engine = runtime.engine
         try:
             tensor = engine.allocate_input()
@@ -541,34 +546,33 @@ class Updater:
             raise
         return serving
 
-    async def _trial(self, txn: int, begin: dict[str, Any], manifest: Manifest, new: Serving) -> str:
+    async def _trial(self, txn: int, begin: dict[str, Any], manifest: Manifest, new: Served) -> str:
         node, store, cfg = self.node, self.store, self.cfg
-        old_version = node.model_version
-        before = self.watch.latencies(old_version, since=time.monotonic() - 60.0, last=500)
-        errors_before = node.stats.dropped[("infer", "error")]
-        assert node.pipeline is not None
-        old: Serving = (node.pipeline.runtime, node.failover)
+        serving = node.serving
+        old = serving.current()
+        before = self.watch.latencies(old.runtime.model.version, since=time.monotonic() - 60.0, last=500)
+        errors_before = node.inference_errors()
         reason: str | None = None
         try:
             await self._io(store.journal, txn, "trial")
-            await node.swap_model(*new)  # detaches the old failover, attaches the new one
+            await self._swap(new)  # the old failover stops re-probing, the new one takes charge
             t_swap = time.monotonic()
             self.status["state"] = "trial"
             self._report("swapped", version=manifest.version, window_s=cfg.health_window_s)
             end = t_swap + cfg.health_window_s
             while time.monotonic() < end:
                 await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
-                errors = node.stats.dropped[("infer", "error")] - errors_before
+                errors = node.inference_errors() - errors_before
                 if errors > cfg.max_infer_errors:
                     break
-            errors = node.stats.dropped[("infer", "error")] - errors_before
+            errors = node.inference_errors() - errors_before
             after = self.watch.latencies(manifest.version, since=t_swap)
             reason = judge_window(before, after, errors, cfg.max_infer_errors, cfg.latency_factor)
         except asyncio.CancelledError:
             # Shutting down mid-window says nothing about the model: leave the store as it was, try again later.
             await self._io(store.abort, txn, "the node stopped during the health window")
             # The node closes whatever it serves at exit; close the other one.
-            await self._close(old if node.pipeline.runtime is new[0] else new)
+            await self._close(old if serving.runtime is new.runtime else new)
             raise
         if reason is None:
             await self._io(store.commit, txn, begin)
@@ -579,7 +583,7 @@ class Updater:
             log.info("ota: committed %s v%d", manifest.name, manifest.version)
             return "committed"
         log.warning("ota: v%d failed its health window: %s; rolling back", manifest.version, reason)
-        await node.swap_model(*old)
+        await self._swap(old)
         await self._io(store.rollback, txn, begin, reason)
         self._txn = None
         await self._close(new)
@@ -587,7 +591,16 @@ class Updater:
         self._report("rolled_back", version=manifest.version, reason=reason)
         return "rolled_back"
 
-    async def _close(self, serving: Serving) -> None:
+    async def _swap(self, to: Served) -> None:
+        """Serve ``to`` through the node's serving controller (retires what served; once begun, it completes)."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self.node.serving.swap, *to)
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future])
+            raise
+
+    async def _close(self, serving: Served) -> None:
         await self._in_executor(_close_serving, serving)
 
     # -- reporting ------------------------------------------------------------------
@@ -618,11 +631,7 @@ class Updater:
 
     def _publish(self, event: dict[str, Any]) -> None:
         payload = {"model": self.status.get("name", ""), **event}
-        for sink in self.node.sinks:
-            try:
-                sink.publish_event("ota", payload)
-            except Exception:
-                log.exception("ota: sink %s refused an event", getattr(sink, "KEY", sink))
+        self.node.publish_event("ota", payload)
 
     def _write_status(self) -> None:
         try:
@@ -640,12 +649,12 @@ class Updater:
                 log.warning("ota: source %s: %s", transport.describe(), reason)
 
 
-def _close_serving(serving: Serving) -> None:
-    runtime, failover = serving
-    if failover is not None:
-        failover.close()
+def _close_serving(serving: Served) -> None:
+    owner: Any = serving.owner
+    if owner is not None:
+        owner.close()
     else:
-        runtime.engine.close()
+        serving.runtime.engine.close()
 
 
 def _ts(value: str) -> float:

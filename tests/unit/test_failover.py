@@ -23,27 +23,18 @@ import pytest
 from edgerun.config import EngineConfig, parse_config
 from edgerun.engines.base import EngineOptions
 from edgerun.engines.breadcrumb import RECORD, Breadcrumbs, read_inflight
-from edgerun.engines.failover import (
-    ABSENT,
-    BROKEN,
-    FAILED,
-    READY,
-    EngineHang,
-    EngineWorker,
-    Failover,
-    FailoverSettings,
-    FaultInjectingEngine,
-    FaultPlan,
-    InjectedFault,
-)
+from edgerun.engines.failover import ABSENT, BROKEN, FAILED, READY, Failover, FailoverSettings
 from edgerun.engines.tflite import TFLiteEngine
+from edgerun.engines.worker import EngineHang, EngineWorker
 from edgerun.errors import ConfigError
 from edgerun.models.bundle import load_bundle
 from edgerun.node import build_runtime, open_failover
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
+from edgerun.pipeline.serving import ServingController
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.service.health import Health
 from edgerun.sources.base import Source
+from edgerun.testing.faults import FaultInjectingEngine, FaultPlan, InjectedFault
 from edgerun.types import DetectionBatch, FrameMeta
 
 WAIT_S = 30.0  # generous: the test machine is small and shared
@@ -133,6 +124,7 @@ class Running:
             bundle, self.plan, (source.width, source.height), settings, self.health, self.rec.on_event, crumbs
         )
         runtime = self.failover.start()
+        self.serving = ServingController()
         self.pipeline = Pipeline(
             node_id="t",
             source=source,
@@ -141,9 +133,9 @@ class Running:
             settings=PipelineSettings(queue_depth=1, policy="drop_oldest"),
             health=self.health,
             stats=self.stats,
-            infer_guard=self.failover,
+            infer_guard=self.serving,
         )
-        self.failover.attach(self.pipeline)
+        self.serving.serve(self.pipeline, self.failover)
         self.pipeline.start()
 
     def lost(self) -> int:
@@ -405,18 +397,20 @@ def test_a_second_failover_takes_over_the_pipeline_as_an_ota_swap_does(tmp_path,
     )
     runtime = second.start()
     assert second.active_key == "accel"  # the first one's live counter was not taken for a crash
-    # ...and takes over: the pipeline's guard and runtime change between two frames.
-    first.pipeline.infer_guard = second
-    first.pipeline.swap_runtime(runtime)
-    second.attach(first.pipeline)
+    # ...and takes over through the serving controller: runtime and owner change between two frames.
+    old = first.serving.swap(runtime, second)
+    assert old.owner is first.failover and old.runtime is not runtime
+    assert first.serving.owner is second
     t_swap = time.monotonic()
     end = time.monotonic() + WAIT_S
     while time.monotonic() < end and not any(
         b.engine == "accel" and ts > t_swap for ts, b in first.rec.batches[-5:]
     ):
         time.sleep(0.02)
-    # The old failover no longer touches the pipeline, whatever it decides.
-    first.failover._activate(first.failover.candidates[1], reason="test")
+    # The old failover no longer touches the pipeline, whatever it decides: the controller refuses it.
+    fallback = first.failover.candidates[1]
+    assert not first.serving.activate(first.failover, fallback.runtime)
+    first.failover._activate(fallback, reason="test")
     assert first.pipeline.runtime is runtime
     first.failover.close()
     assert (tmp_path / "inflight-accel").exists()  # still counting for the second
