@@ -1,0 +1,297 @@
+"""Staged model rollouts: canary cohorts, promotion and halt, each step a release the nodes verify.
+
+What steers a node is the signed manifest alone: its ``rollout`` block (percent
+and salt) is covered by the release key's signature, and the node's updater
+takes a release only when ``sha256(salt:node id)`` falls below the percent
+(``edgerun.ota.manifest.in_rollout``). Promoting re-signs the same manifest
+with a higher percent and the same salt, so every node inside the 10 % cohort
+is still inside at 50 %; halting re-signs it at 0 %, so no further node takes
+it. An unsigned or forged message cannot move a node: it fails the signature
+check before the percent is read.
+
+Beside the release, a retained rollout state (``edgerun/fleet/rollouts/<model>``,
+schema ``edgerun.rollout/1``) tells the ground station and ``edgerun fleet
+status`` which phase the rollout is in and why it was halted. It is signed by
+the same release key (a minisign signature over canonical JSON), so a station
+shows who set it and a forged one is marked unverified.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from edgerun.ota.errors import OtaError, Rejected, SignatureError
+from edgerun.ota.manifest import Manifest, canonical_json, encode_manifest, format_time, in_rollout, parse_manifest
+from edgerun.ota.minisign import PublicKey, SecretKey, comment_fields, parse_signatures
+from edgerun.ota.transport import Offer
+from edgerun.ota.transport_mqtt import decode_release, encode_release, release_topic
+
+ROLLOUT_SCHEMA = "edgerun.rollout/1"
+ROLLOUT_PREFIX = "edgerun/fleet/rollouts"
+MAX_STATE_BYTES = 16 * 1024
+Phase = Literal["canary", "promoted", "complete", "halted"]
+PHASES = ("canary", "promoted", "complete", "halted")
+
+
+def rollout_topic(model: str) -> str:
+    return f"{ROLLOUT_PREFIX}/{model}"
+
+
+def default_salt(model: str, version: int) -> str:
+    """A fresh cohort for every release, fixed for all of that release's steps."""
+    return f"{model}-v{version}"
+
+
+def cohort_position(salt: str, node_id: str) -> float:
+    """Where ``node_id`` sits in [0, 100): it is in a rollout of ``p`` percent exactly when this is below ``p``.
+
+    The same hash the node's updater uses (``in_rollout``), so the station predicts cohorts exactly.
+    """
+    digest = hashlib.sha256(f"{salt}:{node_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 * 100.0
+
+
+def in_cohort(percent: float, salt: str, node_id: str) -> bool:
+    from edgerun.ota.manifest import Rollout
+
+    return in_rollout(Rollout(percent=percent, salt=salt), node_id)
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """One step of a rollout, as the station and ``fleet status`` show it."""
+
+    model: str
+    version: int
+    percent: float
+    salt: str
+    phase: str
+    reason: str = ""
+    by: str = "operator"  # "operator" or "auto" (the station's canary watch)
+    ts: float = 0.0
+    base_version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def state_comment(state: RolloutState, timestamp: int) -> str:
+    return (
+        f"timestamp:{timestamp}\tfile:rollout.json\tname:{state.model}\tversion:{state.version}"
+        f"\tpercent:{state.percent:g}\tphase:{state.phase}"
+    )
+
+
+def encode_state(state: RolloutState, key: SecretKey) -> bytes:
+    """The retained rollout message: the state as canonical JSON and its minisign signature."""
+    doc = canonical_json(state.to_json())
+    sig = key.sign(doc, state_comment(state, int(state.ts or time.time()))).to_text()
+    return json.dumps({"schema": ROLLOUT_SCHEMA, "state": base64.b64encode(doc).decode(), "sig": sig}).encode()
+
+
+@dataclass(frozen=True)
+class SignedState:
+    state: RolloutState
+    key_id: str  # the key that signed it (as the signature says)
+    verified: bool  # checked against a release key we trust
+
+
+def decode_state(payload: bytes, trusted: dict[str, PublicKey] | None = None) -> SignedState:
+    """Parse a rollout message (untrusted bytes; ValueError says what is wrong) and check its signature."""
+    if len(payload) > MAX_STATE_BYTES:
+        raise ValueError(f"rollout message larger than {MAX_STATE_BYTES} bytes")
+    try:
+        env = json.loads(payload)
+        if not isinstance(env, dict) or env.get("schema") != ROLLOUT_SCHEMA:
+            raise ValueError("not an edgerun.rollout/1 message")
+        doc = base64.b64decode(env["state"], validate=True)
+        sigs = parse_signatures(str(env["sig"]), "rollout signature")
+        raw = json.loads(doc)
+        state = RolloutState(
+            model=str(raw["model"]), version=int(raw["version"]), percent=float(raw["percent"]),
+            salt=str(raw["salt"]), phase=str(raw["phase"]), reason=str(raw.get("reason", ""))[:500],
+            by=str(raw.get("by", "")), ts=float(raw.get("ts", 0.0)),
+            base_version=None if raw.get("base_version") is None else int(raw["base_version"]),
+        )
+    except (KeyError, TypeError, binascii.Error, SignatureError, json.JSONDecodeError) as err:
+        raise ValueError(f"malformed rollout message ({err})") from None
+    if state.phase not in PHASES or not 0.0 <= state.percent <= 100.0:
+        raise ValueError(f"rollout message: phase {state.phase!r} or percent {state.percent} out of range")
+    sig = sigs[0]
+    verified = False
+    key = (trusted or {}).get(sig.key_id_hex)
+    if key is not None:
+        try:
+            sig.verify(doc, key)
+            fields = comment_fields(sig.trusted_comment)
+            verified = fields.get("name") == state.model and fields.get("version") == str(state.version)
+        except SignatureError:
+            verified = False
+    return SignedState(state, sig.key_id_hex, verified)
+
+
+def release_manifest(offer: Offer) -> Manifest:
+    """The manifest inside a retained release message (parsed, not verified: for display and re-signing)."""
+    return parse_manifest(offer.manifest)
+
+
+def resign(offer: Offer, percent: float, key: SecretKey, now: float | None = None) -> Offer:
+    """The same release with its rollout percent changed, signed again by ``key``.
+
+    The salt, target, delta and expiry stay: cohorts are nested and the payload already on the broker still matches.
+    """
+    if not 0.0 <= percent <= 100.0:
+        raise OtaError(f"rollout percent must be within 0..100, got {percent:g}")
+    manifest = parse_manifest(offer.manifest)
+    now = time.time() if now is None else now
+    if manifest.expires_ts <= now:
+        raise OtaError(f"{manifest.name} v{manifest.version} expired at {manifest.expires}; publish a new release")
+    changed = msgspec.structs.replace(
+        manifest,
+        created=format_time(now),
+        rollout=msgspec.structs.replace(manifest.rollout, percent=float(percent)),
+    )
+    data = encode_manifest(changed)
+    sig = key.sign(data, changed.trusted_comment(int(now))).to_text()
+    return Offer(offer.source, data, sig, offer.keys, offer.keys_sig)
+
+
+def check_signing_key(offer: Offer, key: SecretKey) -> None:
+    """Refuse to re-sign a release with a key its keys.json does not list (the nodes would reject it)."""
+    if offer.keys is None:
+        return
+    try:
+        listed = {entry["id"] for entry in json.loads(offer.keys)["keys"]}
+    except (ValueError, KeyError, TypeError) as err:
+        raise OtaError(f"the release's keys.json is malformed ({err})") from None
+    kid = key.public_key.id_hex
+    if kid not in listed:
+        known = ", ".join(sorted(listed))
+        raise Rejected("unknown_key", f"signing key {kid} is not a release key in keys.json ({known})")
+
+
+class RolloutControl:
+    """Publishes rollout steps (re-signed releases and signed states) to the broker; blocking, use from a thread."""
+
+    def __init__(self, host: str, port: int, key: SecretKey, client_id: str = "edgerun-rollout") -> None:
+        self.host, self.port, self.key = host, port, key
+        self.client_id = client_id
+        self._lock = threading.Lock()
+
+    def _publish(self, messages: list[tuple[str, bytes]], timeout: float = 10.0) -> None:
+        from edgerun.ota.transport_mqtt import _client
+
+        with self._lock:
+            client = _client(f"{self.client_id}-{int(time.time() * 1000) % 100000}")
+            try:
+                client.connect(self.host, self.port, keepalive=30)
+            except OSError as err:
+                raise OtaError(f"mqtt://{self.host}:{self.port}: {err.strerror or err}") from None
+            client.loop_start()
+            try:
+                infos = [client.publish(topic, payload, qos=1, retain=True) for topic, payload in messages]
+                for info in infos:
+                    info.wait_for_publish(timeout)
+                    if not info.is_published():
+                        raise OtaError(f"mqtt://{self.host}:{self.port}: publishing timed out")
+            finally:
+                client.disconnect()
+                client.loop_stop()
+
+    def step(self, offer: Offer, percent: float, phase: str, reason: str = "", by: str = "operator",
+             base_version: int | None = None) -> RolloutState:
+        """Re-sign ``offer`` at ``percent`` and publish it with the matching rollout state."""
+        check_signing_key(offer, self.key)
+        new = resign(offer, percent, self.key)
+        manifest = parse_manifest(new.manifest)
+        state = RolloutState(
+            model=manifest.name, version=manifest.version, percent=float(percent), salt=manifest.rollout.salt,
+            phase=phase, reason=reason, by=by, ts=time.time(), base_version=base_version,
+        )
+        envelope = encode_release(new.manifest, new.manifest_sig, new.keys, new.keys_sig)
+        # The state first: a station that sees the new release already knows why it changed.
+        self._publish([(rollout_topic(manifest.name), encode_state(state, self.key)),
+                       (release_topic(manifest.name), envelope)])
+        return state
+
+    def announce(self, state: RolloutState) -> None:
+        """Publish a rollout state for a release just published (``fleet publish``)."""
+        self._publish([(rollout_topic(state.model), encode_state(state, self.key))])
+
+
+def phase_for(percent: float) -> str:
+    if percent <= 0.0:
+        return "halted"
+    if percent >= 100.0:
+        return "complete"
+    return "promoted"
+
+
+def read_topics(
+    host: str, port: int, topics: list[str], seconds: float = 2.0, quiet_s: float | None = 0.3
+) -> dict[str, bytes]:
+    """The last message on each topic under ``topics`` (wildcards allowed) within ``seconds``.
+
+    With ``quiet_s`` it returns as soon as nothing arrived for that long: retained messages follow the SUBACK at
+    once, so that is all a late subscriber is handed. ``quiet_s=None`` listens the whole time (live topics).
+    """
+    from edgerun.ota.transport_mqtt import _client
+
+    got: dict[str, bytes] = {}
+    subscribed = threading.Event()
+    lock = threading.Lock()
+    last = [time.monotonic()]
+
+    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
+        client.subscribe([(t, 1) for t in topics])
+
+    def on_subscribe(*args: Any) -> None:
+        with lock:
+            last[0] = time.monotonic()
+        subscribed.set()
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        with lock:
+            if msg.payload:
+                got[msg.topic] = bytes(msg.payload)
+            else:
+                got.pop(msg.topic, None)
+            last[0] = time.monotonic()
+
+    client = _client(f"edgerun-fleet-{int(time.time() * 1000) % 100000}")
+    client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
+    try:
+        client.connect(host, port, keepalive=30)
+    except OSError as err:
+        raise OtaError(f"mqtt://{host}:{port}: {err.strerror or err}") from None
+    client.loop_start()
+    try:
+        if not subscribed.wait(5.0):
+            raise OtaError(f"mqtt://{host}:{port}: no answer to the subscription within 5 s")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            with lock:
+                if quiet_s is not None and time.monotonic() - last[0] > quiet_s:
+                    break
+        with lock:
+            return dict(got)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def current_release(retained: dict[str, bytes], model: str) -> Offer:
+    payload = retained.get(release_topic(model))
+    if payload is None:
+        raise OtaError(f"no release of {model!r} is retained on the broker (publish one with `edgerun fleet publish`)")
+    return decode_release(payload, release_topic(model))

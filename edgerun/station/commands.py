@@ -1,0 +1,374 @@
+"""``edgerun station`` and ``edgerun fleet status | publish | promote | halt``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from edgerun.errors import ConfigError, EdgerunError
+
+# -- option parsing ------------------------------------------------------------------------
+
+
+def parse_hostport(text: str, what: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, str(default_port)
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
+    return host, number
+
+
+def _password(args: argparse.Namespace) -> bytes | None:
+    var = getattr(args, "password_env", None)
+    if not var:
+        return None
+    if var not in os.environ:
+        raise ConfigError(f"--password-env {var}: the variable is not set")
+    return os.environ[var].encode()
+
+
+def load_signing_key(path: str | None, args: argparse.Namespace) -> Any:
+    if not path:
+        return None
+    from edgerun.ota.minisign import SecretKey
+
+    try:
+        return SecretKey.load(path, _password(args))
+    except OSError as err:
+        raise ConfigError(f"--signing-key {path}: {err.strerror or err}") from None
+
+
+def load_truth(spec: str | None) -> list[dict[str, Any]]:
+    """Ground-truth outlines: a JSON file ([{"label", "box_m": [west, south, east, north]}]) or ``replay:SEED``."""
+    if not spec:
+        return []
+    if spec.startswith("replay"):
+        from edgerun.sources.replay import build_scene
+
+        scene = build_scene(_seed(spec, "--truth"))
+        return [{"label": label, "box_m": [round(float(v), 2) for v in box]}
+                for box, label in zip(scene.boxes_m, scene.labels)]
+    try:
+        doc = json.loads(Path(spec).read_text())
+    except OSError as err:
+        raise ConfigError(f"--truth {spec}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ConfigError(f"--truth {spec}: not JSON ({err})") from None
+    items = doc.get("objects") if isinstance(doc, dict) else doc
+    out = []
+    for i, item in enumerate(items if isinstance(items, list) else [None]):
+        box = item.get("box_m") if isinstance(item, dict) else None
+        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box)):
+            raise ConfigError(f"--truth {spec}: objects[{i}]: expected {{\"label\", \"box_m\": [w, s, e, n]}}")
+        out.append({"label": str(item.get("label", ""))[:40], "box_m": [float(v) for v in box]})
+    return out
+
+
+def _seed(spec: str, what: str) -> int:
+    _, _, seed = spec.partition(":")
+    try:
+        return int(seed or 1)
+    except ValueError:
+        raise ConfigError(f"{what} {spec}: expected replay:SEED") from None
+
+
+def prepare_ground(spec: str | None, extent: str | None, workdir: Path) -> tuple[Path | None, tuple[float, ...]]:
+    """The ground image to serve and its extent (west, south, east, north metres); ``replay:SEED`` renders the scene."""
+    bounds: tuple[float, ...] = (0.0, 0.0, 40.0, 40.0)
+    if extent:
+        try:
+            bounds = tuple(float(v) for v in extent.split(","))
+        except ValueError:
+            bounds = ()
+        if len(bounds) != 4 or bounds[2] <= bounds[0] or bounds[3] <= bounds[1]:
+            raise ConfigError(f"--ground-extent: expected WEST,SOUTH,EAST,NORTH metres, got {extent!r}")
+    if not spec:
+        return None, bounds
+    if spec.startswith("replay"):
+        import cv2
+
+        from edgerun.sources.replay import build_scene
+
+        scene = build_scene(_seed(spec, "--ground"))
+        path = workdir / "ground.jpg"
+        cv2.imwrite(str(path), cv2.resize(scene.image, (1000, 1000), interpolation=cv2.INTER_AREA))
+        return path, (0.0, 0.0, *scene.extent_m)
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"--ground {spec}: no such file")
+    return path, bounds
+
+
+# -- edgerun station -----------------------------------------------------------------------
+
+
+def cmd_station(args: argparse.Namespace) -> int:
+    from edgerun.station.station import StationOptions
+
+    mqtt_host, mqtt_port = parse_hostport(args.mqtt, "--mqtt", 1883)
+    bind_host, bind_port = parse_hostport(args.bind, "--bind", 8080)
+    node_http = {}
+    for item in args.node_http:
+        node, sep, address = item.partition("=")
+        if not sep or not node or not address:
+            raise ConfigError(f"--node-http: expected NODE=HOST:PORT, got {item!r}")
+        node_http[node] = address
+    workdir = Path(tempfile.mkdtemp(prefix="edgerun-station-"))
+    try:
+        ground, extent = prepare_ground(args.ground, args.ground_extent, workdir)
+        options = StationOptions(
+            mqtt_host=mqtt_host, mqtt_port=mqtt_port, bind_host=bind_host, bind_port=bind_port, ground=ground,
+            ground_extent=extent,  # type: ignore[arg-type]
+            truth=load_truth(args.truth), signing_key=load_signing_key(args.signing_key, args), node_http=node_http,
+            stale_s=args.stale_s, auto_halt=not args.no_auto_halt,
+        )
+        return asyncio.run(run_station(options, args.seconds))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def run_station(options: Any, seconds: float | None = None) -> int:
+    from edgerun.station.server import StationServer
+    from edgerun.station.station import Station
+
+    station = Station(options)
+    server = StationServer(station, options.bind_host, options.bind_port)
+    await server.start()
+    await station.start()
+    key = options.signing_key
+    mode = f"rollout actions signed by release key {key.public_key.id_hex}" if key else "read-only (no --signing-key)"
+    host = f"[{options.bind_host}]" if ":" in options.bind_host else options.bind_host
+    print(f"station: http://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:{options.mqtt_port}; {mode}",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), seconds) if seconds else await stop.wait()
+    except asyncio.TimeoutError:
+        pass
+    await server.stop()
+    await station.stop()
+    return 0
+
+
+# -- edgerun fleet -------------------------------------------------------------------------
+
+
+def fleet_view(host: str, port: int, seconds: float) -> tuple[Any, dict[str, Any]]:
+    """Listen to the fleet's topics for ``seconds`` and build the same model the station keeps."""
+    from edgerun.fleet.rollout import read_topics
+    from edgerun.station.model import SUBSCRIPTIONS, FleetModel
+
+    messages = read_topics(host, port, SUBSCRIPTIONS, seconds=seconds, quiet_s=None)
+    model = FleetModel()
+    now = time.time()
+    for topic in sorted(messages, key=lambda t: t.endswith("/status")):  # status last: it decides online/offline
+        model.ingest(topic, messages[topic], now)
+    rollouts = {}
+    from edgerun.station.station import Station, StationOptions
+
+    station = Station(StationOptions(mqtt_host=host, mqtt_port=port))
+    station.model = model
+    for name in model.releases:
+        view = station.rollout_view(name, now)
+        if view is not None:
+            rollouts[name] = view
+    return model, rollouts
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None or value == "":
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def cmd_fleet_status(args: argparse.Namespace) -> int:
+    host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
+    model, rollouts = fleet_view(host, port, args.seconds)
+    now = time.time()
+    nodes = [n.to_json(now, model.stale_s) for n in sorted(model.nodes.values(), key=lambda n: n.id)]
+    if args.json:
+        print(json.dumps({"nodes": nodes, "objects": len(model.objects), "rollouts": rollouts}, default=str))
+        return 0
+    header = f"{'node':<20} {'state':<9} {'model':<24} {'engine':<12} {'fps':>6} {'p99 ms':>7} {'drops':>6} " \
+             f"{'swarm':>5}  reason"
+    print(header)
+    for n in nodes:
+        engine = (n["engine"] or "-") + (" (fallback)" if n["fallback"] else "")
+        model_text = f"{n['model']} v{n['model_version']}" if n["model"] else "-"
+        reason = "; ".join(f"{k}: {v}" for k, v in n["reasons"].items())
+        print(f"{n['id']:<20} {n['state']:<9} {model_text:<24} {engine:<12} {_fmt(n['fps'], '.1f'):>6} "
+              f"{_fmt(n['p99_ms'], '.1f'):>7} {_fmt(n['dropped']):>6} {_fmt(n['swarm_seen']):>5}  {reason}")
+    if not nodes:
+        print(f"(no node heard on mqtt://{host}:{port} within {args.seconds:g} s)")
+    for r in rollouts.values():
+        if "error" in r:
+            print(f"release {r['model']}: unreadable ({r['error']})")
+            continue
+        line = f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, " \
+               f"{r['nodes_on_version']} of {r['nodes']} nodes on it"
+        if r.get("reason"):
+            line += f"; {r['reason']}"
+        print(line)
+    return 0
+
+
+def _control(args: argparse.Namespace) -> Any:
+    from edgerun.fleet.rollout import RolloutControl
+
+    key = load_signing_key(args.signing_key, args)
+    host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
+    return RolloutControl(host, port, key), host, port
+
+
+def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, Any, dict[str, bytes]]:
+    from edgerun.fleet.rollout import ROLLOUT_PREFIX, current_release, read_topics
+    from edgerun.ota.transport_mqtt import TOPIC_PREFIX
+
+    retained = read_topics(host, port, [f"{TOPIC_PREFIX}/+", f"{ROLLOUT_PREFIX}/+"])
+    models = sorted(t.rsplit("/", 1)[1] for t in retained if t.startswith(TOPIC_PREFIX + "/"))
+    model = args.model
+    if model is None:
+        if len(models) != 1:
+            found = ", ".join(models) or "none"
+            raise EdgerunError(f"name the model with --model (releases on the broker: {found})")
+        model = models[0]
+    return model, current_release(retained, model), retained
+
+
+def _base_version(retained: dict[str, bytes], model: str) -> int | None:
+    from edgerun.fleet.rollout import decode_state, rollout_topic
+
+    payload = retained.get(rollout_topic(model))
+    if payload is None:
+        return None
+    try:
+        return decode_state(payload).state.base_version
+    except ValueError:
+        return None
+
+
+def cmd_fleet_publish(args: argparse.Namespace) -> int:
+    from edgerun.fleet.rollout import RolloutState, default_salt
+    from edgerun.models.bundle import load_bundle
+    from edgerun.ota.release import ReleaseSpec, build_release
+    from edgerun.ota.transport_mqtt import publish_release
+
+    control, host, port = _control(args)
+    if not 0.0 < args.percent <= 100.0:
+        raise ConfigError(f"--percent: expected within (0, 100], got {args.percent:g}")
+    keys_dir = Path(args.keys)
+    for name in ("keys.json", "keys.json.minisig"):
+        if not (keys_dir / name).is_file():
+            raise ConfigError(f"--keys {keys_dir}: no {name} (make it with `edgerun ota keys` and `edgerun ota sign`)")
+    bundle = load_bundle(args.release)
+    base = load_bundle(args.base) if args.base else None
+    salt = args.salt if args.salt is not None else default_salt(bundle.name, bundle.version)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="edgerun-release-"))
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("keys.json", "keys.json.minisig"):
+        shutil.copyfile(keys_dir / name, out / name)
+    spec = ReleaseSpec(expires_days=args.expires_days, rollout_percent=args.percent, rollout_salt=salt)
+    release = build_release(args.release, out, spec, base_path=args.base, key=control.key)
+    m = release.manifest
+    publish_release(out, m.name, host, port)
+    phase = "complete" if args.percent >= 100 else "canary"
+    state = RolloutState(model=m.name, version=m.version, percent=args.percent, salt=salt, phase=phase,
+                         by="operator", ts=time.time(), base_version=base.version if base else None)
+    control.announce(state)
+    delta = f", delta from v{m.delta.base_version} {m.delta.size} bytes" if m.delta else ""
+    print(f"published {m.name} v{m.version} to {args.percent:g}% of the fleet (salt {salt!r}; full "
+          f"{m.target.size} bytes{delta}) on mqtt://{host}:{port}")
+    if release.note:
+        print(f"  {release.note}")
+    return 0
+
+
+def _step(args: argparse.Namespace, percent: float, phase: str, reason: str) -> int:
+    control, host, port = _control(args)
+    model, offer, retained = _pick_model(args, host, port)
+    state = control.step(offer, percent, phase, reason, "operator", _base_version(retained, model))
+    why = f": {reason}" if reason else ""
+    print(f"{model} v{state.version}: {phase} at {percent:g}% (salt {state.salt!r}){why}")
+    return 0
+
+
+def cmd_fleet_promote(args: argparse.Namespace) -> int:
+    from edgerun.fleet.rollout import phase_for
+
+    if not 0.0 < args.percent <= 100.0:
+        raise ConfigError(f"--percent: expected within (0, 100], got {args.percent:g}")
+    return _step(args, args.percent, phase_for(args.percent), "")
+
+
+def cmd_fleet_halt(args: argparse.Namespace) -> int:
+    return _step(args, 0.0, "halted", args.reason or "halted by the operator")
+
+
+def add_station_parsers(sub: Any) -> None:
+    st = sub.add_parser("station", help="the ground station: the fleet on one page, rollout control")
+    st.add_argument("--mqtt", required=True, metavar="HOST:PORT", help="the fleet's broker")
+    st.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="where the page is served")
+    st.add_argument("--ground", default=None, metavar="IMAGE", help="ground image under the map (or replay:SEED)")
+    st.add_argument("--ground-extent", default=None, metavar="W,S,E,N", help="metres the ground image covers")
+    st.add_argument("--truth", default=None, metavar="FILE", help="ground truth outlines (JSON, or replay:SEED)")
+    st.add_argument("--signing-key", default=None, metavar="FILE", help="release secret key: enables page actions")
+    st.add_argument("--password-env", default=None, help="the signing key's password is in this variable")
+    st.add_argument("--node-http", action="append", default=[], metavar="NODE=HOST:PORT",
+                    help="where a node's HTTP service is (for its live snapshot; repeat)")
+    st.add_argument("--stale-s", type=float, default=15.0, help="grey a node out after this long unheard")
+    st.add_argument("--no-auto-halt", action="store_true", help="only warn when a canary regresses")
+    st.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    st.set_defaults(func=cmd_station)
+
+    fleet = sub.add_parser("fleet", help="the fleet from the broker: status and staged model rollouts")
+    fsub = fleet.add_subparsers(dest="fleet_command", required=True)
+
+    def common(p: argparse.ArgumentParser, signing: bool) -> None:
+        p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+        if signing:
+            p.add_argument("--signing-key", required=True, metavar="FILE", help="release secret key")
+            p.add_argument("--password-env", default=None, help="the signing key's password is in this variable")
+
+    p = fsub.add_parser("status", help="every node, its model and health; rollouts in progress")
+    common(p, False)
+    p.add_argument("--seconds", type=float, default=3.0, help="listen this long (metrics come every few seconds)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fleet_status)
+    p = fsub.add_parser("publish", help="publish a signed release to a canary percentage of the fleet")
+    p.add_argument("release", help="the new model bundle (directory or tar)")
+    common(p, True)
+    p.add_argument("--percent", type=float, required=True, help="share of the fleet in the first cohort")
+    p.add_argument("--keys", required=True, metavar="DIR", help="directory with keys.json and keys.json.minisig")
+    p.add_argument("--base", default=None, help="the bundle the fleet runs now: ship a delta from it")
+    p.add_argument("--salt", default=None, help="cohort salt (default: <model>-v<version>)")
+    p.add_argument("--out", default=None, help="keep the release directory here")
+    p.add_argument("--expires-days", type=float, default=30.0)
+    p.set_defaults(func=cmd_fleet_publish)
+    p = fsub.add_parser("promote", help="widen the rollout (nodes already in stay in)")
+    common(p, True)
+    p.add_argument("--percent", type=float, required=True)
+    p.add_argument("--model", default=None)
+    p.set_defaults(func=cmd_fleet_promote)
+    p = fsub.add_parser("halt", help="stop the rollout: no further node takes the release")
+    common(p, True)
+    p.add_argument("--model", default=None)
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=cmd_fleet_halt)
+

@@ -1,0 +1,490 @@
+"""The fleet as the ground station sees it: every node, fleet object, event and rollout, fed from MQTT messages.
+
+Sans-I/O: ``ingest(topic, payload, now)`` takes one message and ``take_delta(now)``
+hands back what changed since the last call, so the same code runs in unit tests,
+the station and ``edgerun fleet status``. Every payload is untrusted: it is
+length-checked, parsed and shape-checked, and a bad one is dropped and counted
+by reason, never raised. Memory is bounded: at most ``max_nodes`` nodes,
+``max_objects`` fleet objects (the least recently seen go first), a trail of
+``trail_s`` seconds per node, the last ``max_events`` events.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from edgerun.station.footprint import footprint, pose_from_payload
+
+MAX_PAYLOAD = 256 * 1024
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+RESERVED_IDS = frozenset({"fleet", "station"})  # topic levels that are not nodes
+NODE_TOPICS = ("detections", "events", "status", "metrics", "swarm")
+SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
+    "edgerun/fleet/objects",
+    "edgerun/fleet/releases/+",
+    "edgerun/fleet/rollouts/+",
+]
+STATION_EVENTS_TOPIC = "edgerun/station/events"
+MAX_BOXES = 100
+MAX_MEMBERS = 256
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _text(value: Any, limit: int = 200) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+@dataclass
+class NodeView:
+    id: str
+    status: str = ""  # "online" | "offline" | "" (never said)
+    health: str = ""
+    reasons: dict[str, str] = field(default_factory=dict)
+    engine: str = ""
+    fallback: bool = False
+    model: str = ""
+    model_version: int | None = None
+    fps: float | None = None
+    p99_ms: float | None = None
+    dropped: int | None = None
+    detection_rate: float | None = None  # detections per frame over the last metrics interval
+    swarm_members: list[dict[str, Any]] = field(default_factory=list)
+    swarm_seen: int | None = None
+    last_seen: float = 0.0  # station wall clock of the last message from the node
+    pose: dict[str, float] | None = None
+    footprint: list[tuple[float, float]] | None = None
+    frame: tuple[int, int] = (0, 0)
+    boxes: list[dict[str, Any]] = field(default_factory=list)
+    boxes_ts: float = 0.0
+    trail: deque[tuple[float, float, float]] = field(default_factory=lambda: deque(maxlen=600))
+    ota: dict[str, Any] = field(default_factory=dict)  # the last ota event
+    ota_outcomes: dict[int, str] = field(default_factory=dict)  # version -> committed | rolled_back | failed
+    http: str = ""
+    stopping: bool = False  # said "stopping" before going offline: a clean stop, not a death
+    _metrics_prev: tuple[float, int, int] | None = None  # (node ts, frames, detections)
+    _metrics_version: int | None = None
+
+    def state(self, now: float, stale_s: float) -> str:
+        if self.status == "offline":
+            return "stopped" if self.stopping else "dead"
+        if any(m.get("name") == self.id and m.get("state") in ("dead", "left") for m in self.swarm_members):
+            return "dead"
+        if now - self.last_seen > stale_s:
+            return "stale"
+        return self.health or ("online" if self.status == "online" else "unknown")
+
+    def to_json(self, now: float, stale_s: float, trail: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "state": self.state(now, stale_s), "status": self.status, "health": self.health,
+            "reasons": self.reasons, "engine": self.engine, "fallback": self.fallback, "model": self.model,
+            "model_version": self.model_version, "fps": self.fps, "p99_ms": self.p99_ms, "dropped": self.dropped,
+            "detection_rate": self.detection_rate, "swarm_seen": self.swarm_seen,
+            "swarm_members": self.swarm_members[:32], "last_seen": self.last_seen, "pose": self.pose,
+            "footprint": self.footprint, "boxes": len(self.boxes), "ota": self.ota,
+        }
+        if trail:
+            out["trail"] = [[e, n] for _, e, n in self.trail]
+        return out
+
+
+class FleetModel:
+    """Everything the station knows, bounded; ``ingest`` never raises on a payload."""
+
+    def __init__(
+        self,
+        *,
+        max_nodes: int = 1000,
+        max_objects: int = 5000,
+        max_events: int = 500,
+        trail_s: float = 300.0,
+        stale_s: float = 15.0,
+    ) -> None:
+        self.max_nodes, self.max_objects, self.max_events = max_nodes, max_objects, max_events
+        self.trail_s, self.stale_s = trail_s, stale_s
+        self.nodes: dict[str, NodeView] = {}
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self.releases: dict[str, bytes] = {}  # model -> retained release message (signed bytes, for re-signing)
+        self.rollouts: dict[str, bytes] = {}  # model -> retained rollout state message
+        self.dropped: Counter[str] = Counter()
+        self.received = 0
+        self.broker = {"connected": False, "since": 0.0, "reason": "not connected yet"}
+        self._dirty_nodes: set[str] = set()
+        self._dirty_objects: set[str] = set()
+        self._removed_objects: set[str] = set()
+        self._new_events: list[dict[str, Any]] = []
+        self._states: dict[str, str] = {}
+        self._dirty_meta = True
+
+    # -- input ------------------------------------------------------------------------
+
+    def ingest(self, topic: str, payload: bytes, now: float | None = None) -> None:
+        """One MQTT message; a bad one is counted in ``dropped[reason]`` and otherwise ignored."""
+        now = time.time() if now is None else now
+        self.received += 1
+        if len(payload) > MAX_PAYLOAD:
+            self.dropped["oversized"] += 1
+            return
+        parts = topic.split("/")
+        try:
+            if len(parts) == 3 and parts[0] == "edgerun" and parts[1] not in RESERVED_IDS:
+                self._node_message(parts[1], parts[2], payload, now)
+            elif topic == "edgerun/fleet/objects":
+                self._object(payload, now)
+            elif len(parts) == 4 and parts[:3] == ["edgerun", "fleet", "releases"]:
+                self._release(parts[3], payload)
+            elif len(parts) == 4 and parts[:3] == ["edgerun", "fleet", "rollouts"]:
+                self._rollout(parts[3], payload)
+            elif topic == STATION_EVENTS_TOPIC:
+                doc = self._json(payload)
+                if isinstance(doc, dict):
+                    self.add_event(now, "station", _text(doc.get("kind")) or "station", _text(doc.get("text"), 500),
+                                   _text(doc.get("level")) or "info")
+            else:
+                self.dropped["unknown_topic"] += 1
+        except _Drop as drop:
+            self.dropped[drop.reason] += 1
+
+    def set_broker(self, connected: bool, reason: str, now: float) -> None:
+        if connected != self.broker["connected"]:
+            text = "connected to the broker" if connected else f"lost the broker: {reason}"
+            self.add_event(now, "station", "broker", text, "info" if connected else "error")
+        self.broker = {"connected": connected, "since": now, "reason": reason}
+        self._dirty_meta = True
+
+    def add_event(self, ts: float, node: str, kind: str, text: str, level: str = "info") -> None:
+        event = {"ts": ts, "node": node, "kind": kind, "text": text[:500], "level": level}
+        self.events.append(event)
+        self._new_events.append(event)
+        del self._new_events[: -self.max_events]
+
+    # -- parsing ----------------------------------------------------------------------
+
+    @staticmethod
+    def _json(payload: bytes) -> Any:
+        try:
+            return msgspec.json.decode(payload)
+        except msgspec.DecodeError:
+            raise _Drop("malformed") from None
+
+    def _node(self, node_id: str, now: float) -> NodeView:
+        node = self.nodes.get(node_id)
+        if node is None:
+            if not NODE_ID_RE.match(node_id):
+                raise _Drop("bad_node_id")
+            if len(self.nodes) >= self.max_nodes:
+                raise _Drop("too_many_nodes")
+            node = self.nodes[node_id] = NodeView(node_id)
+        return node
+
+    def _node_message(self, node_id: str, kind: str, payload: bytes, now: float) -> None:
+        if kind not in NODE_TOPICS:
+            raise _Drop("unknown_topic")
+        if kind == "status":
+            text = payload.decode("utf-8", "replace").strip()
+            if text not in ("online", "offline"):
+                if not payload and node_id in self.nodes:  # a cleared retained status: the node was retired
+                    return
+                raise _Drop("malformed")
+            node = self._node(node_id, now)
+            if text != node.status:
+                if text == "online":
+                    node.stopping = False
+                    self.add_event(now, node_id, "status", "online")
+                else:
+                    how = "stopped cleanly" if node.stopping else "offline (last will: connection lost)"
+                    self.add_event(now, node_id, "status", how, "info" if node.stopping else "error")
+            node.status = text
+            if text == "online":
+                node.last_seen = now
+            self._dirty_nodes.add(node_id)
+            return
+        doc = self._json(payload)
+        if not isinstance(doc, dict):
+            raise _Drop("malformed")
+        if doc.get("node") not in (None, node_id) and kind != "swarm":
+            raise _Drop("node_mismatch")
+        node = self._node(node_id, now)
+        getattr(self, f"_{kind}")(node, doc, now)
+        node.last_seen = now
+        if kind != "swarm" and node.status != "online":
+            node.status = "online"  # it speaks, so it is connected (its retained status may lag)
+        self._dirty_nodes.add(node_id)
+
+    def _detections(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
+        if doc.get("schema") != "edgerun.detections/1":
+            raise _Drop("wrong_schema")
+        model = doc.get("model")
+        if isinstance(model, dict):
+            node.model = _text(model.get("name")) or node.model
+            version = model.get("version")
+            if isinstance(version, int) and not isinstance(version, bool):
+                node.model_version = version
+            node.engine = _text(model.get("engine")) or node.engine
+        frame = doc.get("frame")
+        width = height = 0
+        if isinstance(frame, dict):
+            width, height = int(_num(frame.get("width")) or 0), int(_num(frame.get("height")) or 0)
+            node.frame = (width, height)
+        pose = pose_from_payload(doc.get("pose"))
+        if pose is not None:
+            node.pose = {"east_m": pose.east_m, "north_m": pose.north_m, "up_m": pose.up_m,
+                         "yaw_deg": pose.yaw_deg, "hfov_deg": pose.hfov_deg}
+            node.footprint = footprint(pose, width, height) if width and height else None
+            self._trail(node, now, pose.east_m, pose.north_m)
+        dets = doc.get("detections")
+        if isinstance(dets, list):
+            boxes = []
+            for det in dets[:MAX_BOXES]:
+                if not isinstance(det, dict):
+                    continue
+                box = det.get("box")
+                if isinstance(box, list) and len(box) == 4 and all(_num(v) is not None for v in box):
+                    boxes.append({"label": _text(det.get("label"), 40), "score": _num(det.get("score")) or 0.0,
+                                  "box": [float(v) for v in box]})
+            node.boxes, node.boxes_ts = boxes, now
+
+    def _trail(self, node: NodeView, now: float, east: float, north: float) -> None:
+        trail = node.trail
+        if trail and now - trail[-1][0] < 1.0:
+            return  # one point a second is enough to draw the last minutes
+        trail.append((now, round(east, 2), round(north, 2)))
+        while trail and now - trail[0][0] > self.trail_s:
+            trail.popleft()
+
+    def _metrics(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
+        if doc.get("schema") != "edgerun.metrics/1":
+            raise _Drop("wrong_schema")
+        s = doc.get("summary")
+        if not isinstance(s, dict):
+            raise _Drop("malformed")
+        node.model = _text(s.get("model")) or node.model
+        version = s.get("model_version")
+        if isinstance(version, int) and not isinstance(version, bool):
+            node.model_version = version
+        node.engine = _text(s.get("engine")) or node.engine
+        node.health = _text(s.get("state")) or node.health
+        node.p99_ms = _num(s.get("latency_p99_ms"))
+        dropped = _num(s.get("dropped"))
+        node.dropped = int(dropped) if dropped is not None else node.dropped
+        if isinstance(s.get("http"), str):
+            node.http = s["http"][:200]
+        ts, frames, dets = _num(doc.get("ts")), _num(s.get("frames")), _num(s.get("detections"))
+        if ts is None or frames is None or dets is None:
+            node.fps = _num(s.get("fps"))
+            return
+        prev = node._metrics_prev
+        if prev is None:
+            node.fps = _num(s.get("fps"))  # the node's average since it started, until there are two samples
+        elif node._metrics_version != node.model_version:
+            # A new model: rates start over, so a canary is judged on its new model only.
+            node.fps = node.detection_rate = None
+        elif ts > prev[0] and frames >= prev[1]:
+            dt, df = ts - prev[0], frames - prev[1]
+            node.fps = round(df / dt, 2)
+            node.detection_rate = round((dets - prev[2]) / df, 4) if df > 0 else node.detection_rate
+        node._metrics_prev = (ts, int(frames), int(dets))
+        node._metrics_version = node.model_version
+
+    def _events(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
+        kind = _text(doc.get("kind"), 40)
+        level = "info"
+        if kind == "health":
+            node.health = _text(doc.get("state")) or node.health
+            reasons = doc.get("reasons")
+            node.reasons = {str(k)[:40]: _text(v) for k, v in list(reasons.items())[:16]} if isinstance(
+                reasons, dict) else {}
+            node.stopping = node.health == "stopping"
+            detail = "; ".join(f"{k}: {v}" for k, v in node.reasons.items())
+            text = f"health {node.health}" + (f" ({detail})" if detail else "")
+            level = "warn" if node.health == "degraded" else "info"
+        elif kind == "engine":
+            event = _text(doc.get("event"))
+            node.engine = _text(doc.get("to")) or node.engine
+            node.fallback = event in ("failover", "start_degraded")
+            text = f"engine {event}: {_text(doc.get('from'))} -> {_text(doc.get('to'))}"
+            if doc.get("reason"):
+                text += f" ({_text(doc.get('reason'))})"
+            level = "warn" if node.fallback else "info"
+        elif kind == "model":
+            node.model = _text(doc.get("name")) or node.model
+            version = doc.get("version")
+            if isinstance(version, int) and not isinstance(version, bool):
+                node.model_version = version
+            text = f"model {node.model} v{node.model_version}"
+        elif kind == "ota":
+            step = _text(doc.get("step"), 40)
+            version = doc.get("version")
+            keep = {k: doc[k] for k in ("step", "version", "code", "reason") if isinstance(doc.get(k), (str, int))}
+            node.ota = {**keep, "ts": now}
+            if isinstance(version, int) and step in ("committed", "rolled_back", "failed"):
+                node.ota_outcomes[version] = step
+                if len(node.ota_outcomes) > 16:
+                    node.ota_outcomes.pop(min(node.ota_outcomes))
+            text = f"ota {step}" + (f" v{version}" if isinstance(version, int) else "")
+            for key in ("code", "reason"):
+                if doc.get(key):
+                    text += f" {_text(doc.get(key))}"
+            level = "error" if step in ("rolled_back", "failed") else "info"
+        else:
+            rest = {k: v for k, v in doc.items() if k not in ("schema", "node", "kind", "ts")}
+            text = f"{kind} " + " ".join(f"{k}={_text(v, 80) if isinstance(v, str) else v}"
+                                         for k, v in list(rest.items())[:8])
+            level = "error" if rest.get("event") in ("dead", "suspect") or rest.get("kind") == "dead" else "info"
+        self.add_event(now, node.id, kind or "event", text, level)
+
+    def _swarm(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
+        if doc.get("schema") != "edgerun.swarm/1":
+            raise _Drop("wrong_schema")
+        members = doc.get("members")
+        if not isinstance(members, list):
+            raise _Drop("malformed")
+        out = []
+        for m in members[:MAX_MEMBERS]:
+            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+                continue
+            meta = m.get("meta") if isinstance(m.get("meta"), dict) else {}
+            out.append({"name": m["name"][:128], "state": _text(m.get("state"), 20),
+                        "incarnation": m.get("incarnation") if isinstance(m.get("incarnation"), int) else None,
+                        "meta": {k: v for k, v in list(meta.items())[:16] if isinstance(v, (str, int, float, bool))}})
+        node.swarm_members = out
+        node.swarm_seen = sum(1 for m in out if m["state"] in ("alive", "suspect") and m["name"] != node.id)
+        if isinstance(meta_http := next((m["meta"].get("http") for m in out if m["name"] == node.id), None), str):
+            node.http = meta_http[:200]
+        # A node with no camera pose yet is placed where its own metadata says it is.
+        if node.pose is None:
+            own = next((m["meta"] for m in out if m["name"] == node.id), {})
+            east, north = _num(own.get("east")), _num(own.get("north"))
+            if east is not None and north is not None:
+                node.pose = {"east_m": east, "north_m": north, "up_m": _num(own.get("up")) or 0.0,
+                             "yaw_deg": _num(own.get("yaw")) or 0.0, "hfov_deg": _num(own.get("hfov")) or 60.0}
+
+    def _object(self, payload: bytes, now: float) -> None:
+        doc = self._json(payload)
+        items = doc if isinstance(doc, list) else [doc]
+        for item in items[:100]:
+            obj = parse_object(item)
+            if obj is None:
+                self.dropped["bad_object"] += 1
+                continue
+            if obj["id"] not in self.objects and len(self.objects) >= self.max_objects:
+                oldest = min(self.objects, key=lambda k: self.objects[k]["last_seen"])
+                del self.objects[oldest]
+                self._removed_objects.add(oldest)
+                self._dirty_objects.discard(oldest)
+            obj["received"] = now
+            self.objects[obj["id"]] = obj
+            self._dirty_objects.add(obj["id"])
+            self._removed_objects.discard(obj["id"])
+
+    def _release(self, model: str, payload: bytes) -> None:
+        if not payload:
+            self.releases.pop(model, None)
+        elif len(self.releases) < 64 or model in self.releases:
+            self.releases[model] = payload
+        self._dirty_meta = True
+
+    def _rollout(self, model: str, payload: bytes) -> None:
+        if not payload:
+            self.rollouts.pop(model, None)
+        elif len(self.rollouts) < 64 or model in self.rollouts:
+            self.rollouts[model] = payload
+        self._dirty_meta = True
+
+    # -- output -----------------------------------------------------------------------
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        return {
+            "ts": now,
+            "broker": self.broker,
+            "nodes": {k: n.to_json(now, self.stale_s, trail=True) for k, n in self.nodes.items()},
+            "objects": list(self.objects.values()),
+            "events": list(self.events),
+            "dropped": dict(self.dropped),
+            "stale_s": self.stale_s,
+        }
+
+    def take_delta(self, now: float | None = None) -> dict[str, Any] | None:
+        """What changed since the last call (nodes whose data or derived state changed), or None."""
+        now = time.time() if now is None else now
+        for node_id, node in self.nodes.items():
+            state = node.state(now, self.stale_s)
+            if self._states.get(node_id) != state:
+                if self._states.get(node_id) is not None and state == "stale":
+                    self.add_event(now, node_id, "status", f"stale: nothing heard for {self.stale_s:g} s", "warn")
+                self._states[node_id] = state
+                self._dirty_nodes.add(node_id)
+        if not (self._dirty_nodes or self._dirty_objects or self._removed_objects or self._new_events
+                or self._dirty_meta):
+            return None
+        delta: dict[str, Any] = {"ts": now}
+        if self._dirty_nodes:
+            delta["nodes"] = {k: self.nodes[k].to_json(now, self.stale_s) for k in self._dirty_nodes if k in self.nodes}
+        if self._dirty_objects:
+            delta["objects"] = [self.objects[k] for k in self._dirty_objects if k in self.objects]
+        if self._removed_objects:
+            delta["removed_objects"] = sorted(self._removed_objects)
+        if self._new_events:
+            delta["events"] = self._new_events
+        if self._dirty_meta:
+            delta["broker"] = self.broker
+            delta["dropped"] = dict(self.dropped)
+        self._dirty_nodes, self._dirty_objects, self._removed_objects = set(), set(), set()
+        self._new_events, self._dirty_meta = [], False
+        return delta
+
+    def mark_meta_dirty(self) -> None:
+        self._dirty_meta = True
+
+
+class _Drop(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def parse_object(item: Any) -> dict[str, Any] | None:
+    """One ``edgerun.object/1`` fleet object, normalised, or None when a required field is missing or wrong."""
+    if not isinstance(item, dict) or item.get("schema", "edgerun.object/1") != "edgerun.object/1":
+        return None
+    obj_id, label = item.get("id"), item.get("label")
+    east, north = _num(item.get("east_m")), _num(item.get("north_m"))
+    if not isinstance(obj_id, (str, int)) or isinstance(obj_id, bool) or not isinstance(label, str):
+        return None
+    if east is None or north is None:
+        return None
+    seen_by = item.get("seen_by")
+    if isinstance(seen_by, list):
+        seen = [str(s)[:128] for s in seen_by[:64]]
+        seen_count = len(seen)
+    elif isinstance(seen_by, int) and not isinstance(seen_by, bool):
+        seen, seen_count = [], seen_by
+    else:
+        seen, seen_count = [], 0
+    first = _num(item.get("first_seen"))
+    last = _num(item.get("last_seen"))
+    return {
+        "id": str(obj_id)[:128],
+        "label": label[:40],
+        "east_m": round(east, 2),
+        "north_m": round(north, 2),
+        "uncertainty_m": max(0.0, _num(item.get("uncertainty_m")) or 0.0),
+        "first_seen": first,
+        "last_seen": last if last is not None else (first or 0.0),
+        "score": _num(item.get("score")),
+        "owner": _text(item.get("owner"), 128),
+        "seen_by": seen,
+        "seen_count": seen_count,
+    }

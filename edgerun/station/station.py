@@ -1,0 +1,267 @@
+"""The ground station: the fleet model fed from MQTT, the canary watch, rollout actions, and the page's data.
+
+One asyncio loop runs it all: the subscriber drains messages into the model,
+a tick every ``tick_s`` turns what changed into one delta for every open page
+(so a node updates a page at most 1/tick_s times a second whatever its frame
+rate), and once a second the canary watch judges every rollout in progress.
+Rollout actions (promote, halt) need the release signing key; without it the
+station is read-only and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgerun.errors import EdgerunError
+from edgerun.fleet.rollout import (
+    RolloutControl,
+    decode_state,
+    phase_for,
+)
+from edgerun.ota.minisign import PublicKey, SecretKey
+from edgerun.ota.transport_mqtt import decode_release
+from edgerun.station.canary import CanaryPolicy, judge
+from edgerun.station.model import FleetModel, NodeView
+from edgerun.station.subscriber import FleetSubscriber
+
+log = logging.getLogger(__name__)
+
+
+class StationError(EdgerunError):
+    """A station option or action is wrong; the message says which."""
+
+
+class ActionRefused(StationError):
+    """A rollout action the station will not take (read-only, unknown release, bad percent)."""
+
+
+@dataclass
+class StationOptions:
+    mqtt_host: str = "127.0.0.1"
+    mqtt_port: int = 1883
+    bind_host: str = "127.0.0.1"
+    bind_port: int = 8080
+    ground: Path | None = None
+    ground_extent: tuple[float, float, float, float] = (0.0, 0.0, 40.0, 40.0)  # west, south, east, north (m)
+    truth: list[dict[str, Any]] = field(default_factory=list)
+    signing_key: SecretKey | None = None
+    node_http: dict[str, str] = field(default_factory=dict)  # node id -> host:port of its HTTP service
+    stale_s: float = 15.0
+    tick_s: float = 0.25
+    auto_halt: bool = True
+    policy: CanaryPolicy = field(default_factory=CanaryPolicy)
+
+
+class Station:
+    def __init__(self, options: StationOptions) -> None:
+        self.options = options
+        self.model = FleetModel(stale_s=options.stale_s)
+        self.subscriber = FleetSubscriber(options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker)
+        self.clients: set[asyncio.Queue[str]] = set()
+        self.rollouts: dict[str, dict[str, Any]] = {}
+        self._rollouts_json = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._halting: set[tuple[str, int]] = set()
+        key = options.signing_key
+        self._trusted: dict[str, PublicKey] = {key.public_key.id_hex: key.public_key} if key else {}
+        self.control = RolloutControl(options.mqtt_host, options.mqtt_port, key) if key else None
+
+    @property
+    def read_only(self) -> bool:
+        return self.control is None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.subscriber.start()
+        self._tasks = [asyncio.create_task(self._tick_loop(), name="station-tick"),
+                       asyncio.create_task(self._canary_loop(), name="station-canary")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self.subscriber.stop()
+
+    # -- input --------------------------------------------------------------------------
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        self.model.ingest(topic, payload, time.time())
+
+    def _on_broker(self, connected: bool, reason: str) -> None:
+        self.model.set_broker(connected, reason, time.time())
+
+    # -- output to pages ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.model.snapshot(time.time())
+        snap["dropped"]["backlog"] = self.subscriber.dropped_backlog
+        snap.update(
+            rollouts=self.rollouts,
+            read_only=self.read_only,
+            mqtt=f"{self.options.mqtt_host}:{self.options.mqtt_port}",
+            ground={"url": "/ground", "extent": self.options.ground_extent} if self.options.ground else None,
+            truth=self.options.truth,
+        )
+        return snap
+
+    def broadcast(self, kind: str, data: dict[str, Any]) -> None:
+        message = f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+        for queue in list(self.clients):
+            try:
+                queue.put_nowait(message)
+            except asyncio.QueueFull:
+                # A page that cannot keep up is cut off; EventSource reconnects and starts from a snapshot.
+                self.clients.discard(queue)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.tick_s)
+            delta = self.model.take_delta(time.time())
+            if delta is not None and self.clients:
+                self.broadcast("delta", delta)
+
+    # -- rollouts -----------------------------------------------------------------------
+
+    def rollout_view(self, model: str, now: float) -> dict[str, Any] | None:
+        payload = self.model.releases.get(model)
+        if payload is None:
+            return None
+        try:
+            offer = decode_release(payload, f"edgerun/fleet/releases/{model}")
+            from edgerun.ota.manifest import parse_manifest
+
+            manifest = parse_manifest(offer.manifest)
+        except Exception as err:  # an untrusted retained message: shown as broken, never raised
+            return {"model": model, "error": str(err)[:300]}
+        view: dict[str, Any] = {
+            "model": model, "version": manifest.version, "percent": manifest.rollout.percent,
+            "salt": manifest.rollout.salt, "created": manifest.created, "expires": manifest.expires,
+            "phase": "canary" if 0 < manifest.rollout.percent < 100 else phase_for(manifest.rollout.percent),
+            "reason": "", "by": "", "verified": None,
+        }
+        state_payload = self.model.rollouts.get(model)
+        if state_payload is not None:
+            try:
+                signed = decode_state(state_payload, self._trusted)
+                st = signed.state
+                if st.version == manifest.version:
+                    view.update(phase=st.phase, reason=st.reason, by=st.by, base_version=st.base_version,
+                                state_ts=st.ts, signed_by=signed.key_id,
+                                verified=signed.verified if self._trusted else None)
+            except ValueError as err:
+                view["state_error"] = str(err)[:300]
+        nodes = [n for n in self.model.nodes.values() if n.model == model]
+        view["nodes_on_version"] = sum(1 for n in nodes if n.model_version == manifest.version)
+        view["nodes"] = len(nodes)
+        verdict = judge(model, manifest.version, nodes, now, self.options.stale_s, self.options.policy)
+        view["verdict"] = {"halt": verdict.halt, "reason": verdict.reason, "figures": verdict.figures}
+        from edgerun.fleet.rollout import cohort_position
+
+        view["cohort"] = {n.id: cohort_position(manifest.rollout.salt, n.id) < manifest.rollout.percent
+                          for n in nodes}
+        return view
+
+    async def _canary_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            views = {}
+            for model in list(self.model.releases):
+                view = self.rollout_view(model, now)
+                if view is not None:
+                    views[model] = view
+                    await self._maybe_auto_halt(view, self.model.nodes.values())
+            self.rollouts = views
+            text = json.dumps(views, sort_keys=True, default=str)
+            if text != self._rollouts_json:
+                self._rollouts_json = text
+                self.broadcast("rollouts", {"rollouts": views, "read_only": self.read_only})
+
+    async def _maybe_auto_halt(self, view: dict[str, Any], nodes: Any) -> None:
+        if not self.options.auto_halt or view.get("phase") not in ("canary", "promoted") or "error" in view:
+            return
+        verdict = view["verdict"]
+        key = (view["model"], view["version"])
+        if not verdict["halt"] or key in self._halting:
+            return
+        self._halting.add(key)
+        reason = f"auto-halt: {verdict['reason']}"
+        if self.control is None:
+            self._event("rollout", f"{view['model']} v{view['version']}: {reason} (read-only station: halt it with "
+                                   f"`edgerun fleet halt` or start the station with --signing-key)", "error")
+            return
+        try:
+            await self.act(view["model"], "halt", 0.0, reason=reason, by="auto")
+        except EdgerunError as err:
+            self._event("rollout", f"{view['model']} v{view['version']}: auto-halt failed: {err}", "error")
+            self._halting.discard(key)
+
+    def _event(self, kind: str, text: str, level: str = "info") -> None:
+        self.model.add_event(time.time(), "station", kind, text, level)
+        log.log(logging.INFO if level == "info" else logging.WARNING, "station: %s", text)
+        payload = {"schema": "edgerun.event/1", "node": "station", "kind": kind, "ts": time.time(), "text": text,
+                   "level": level}
+        self.subscriber.publish_event(json.dumps(payload).encode())
+
+    async def act(
+        self, model: str, action: str, percent: float, reason: str = "", by: str = "operator"
+    ) -> dict[str, Any]:
+        """Promote to ``percent`` or halt the rollout of ``model``; refused when the station is read-only."""
+        if self.control is None:
+            raise ActionRefused("the station is read-only: start it with --signing-key RELEASE.key to act on rollouts")
+        payload = self.model.releases.get(model)
+        if payload is None:
+            raise ActionRefused(f"no release of {model!r} is retained on the broker")
+        offer = decode_release(payload, f"edgerun/fleet/releases/{model}")
+        if action == "halt":
+            percent, phase = 0.0, "halted"
+            reason = reason or "halted by the operator"
+        elif action == "promote":
+            if not 0.0 < percent <= 100.0:
+                raise ActionRefused(f"promote: percent must be within (0, 100], got {percent:g}")
+            phase = phase_for(percent)
+        else:
+            raise ActionRefused(f"unknown action {action!r} (promote, halt)")
+        base = self.rollouts.get(model, {}).get("base_version")
+        state = await asyncio.to_thread(self.control.step, offer, percent, phase, reason, by, base)
+        self._event("rollout", f"{model} v{state.version}: {phase} at {percent:g}% by {by}"
+                               + (f": {reason}" if reason else ""), "error" if phase == "halted" else "info")
+        return state.to_json()
+
+    # -- snapshots of one node ----------------------------------------------------------
+
+    def node_http(self, node: NodeView) -> str:
+        return self.options.node_http.get(node.id) or node.http
+
+
+def render_boxes_jpeg(node: NodeView) -> bytes:
+    """The node's last detection boxes on a blank frame, for when its own /snapshot.jpg cannot be reached."""
+    import cv2
+    import numpy as np
+
+    width, height = node.frame if node.frame[0] and node.frame[1] else (640, 480)
+    width, height = min(width, 4096), min(height, 4096)
+    image = np.full((height, width, 3), 40, np.uint8)
+    for det in node.boxes:
+        x1, y1, x2, y2 = (int(round(v)) for v in det["box"])
+        cv2.rectangle(image, (x1, y1), (x2, y2), (80, 220, 80), 2)
+        cv2.putText(image, f"{det['label']} {det['score']:.2f}", (x1, max(12, y1 - 4)), cv2.FONT_HERSHEY_SIMPLEX,
+                    0.5, (80, 220, 80), 1, cv2.LINE_AA)
+    when = time.strftime("%H:%M:%S", time.localtime(node.boxes_ts)) if node.boxes_ts else "never"
+    cv2.putText(image, f"{node.id}: last boxes at {when} (no live snapshot)", (8, height - 10),
+                cv2.FONT_HERSHEY_SIMPLEX, 0.5, (200, 200, 200), 1, cv2.LINE_AA)
+    ok, data = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 85])
+    if not ok:
+        raise StationError("could not encode the snapshot")
+    return data.tobytes()

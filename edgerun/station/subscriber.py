@@ -1,0 +1,114 @@
+"""The station's MQTT connection: subscribes to the fleet's topics and hands messages to the event loop, bounded.
+
+paho runs its own network thread and reconnects by itself (backoff 0.5-10 s);
+messages wait in a bounded queue (the oldest dropped and counted when the loop
+falls behind) and are drained on the loop in one callback per burst, so a
+fleet of 50 nodes at 15 fps costs one wake-up per burst, not per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from edgerun.station.model import STATION_EVENTS_TOPIC, SUBSCRIPTIONS
+
+log = logging.getLogger(__name__)
+
+
+class FleetSubscriber:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        on_message: Callable[[str, bytes], None],
+        on_state: Callable[[bool, str], None],
+        *,
+        backlog: int = 20000,
+        client_id: str = "edgerun-station",
+    ) -> None:
+        self.host, self.port = host, port
+        self.on_message, self.on_state = on_message, on_state
+        self.client_id = client_id
+        self.dropped_backlog = 0
+        self._queue: deque[tuple[str, bytes]] = deque(maxlen=backlog)
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+
+    def start(self) -> None:
+        import paho.mqtt.client as mqtt
+
+        self._loop = asyncio.get_running_loop()
+        client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
+        )
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_message = self._on_message
+        client.reconnect_delay_set(0.5, 10)
+        client.connect_async(self.host, self.port, keepalive=15)
+        client.loop_start()
+        self._client = client
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.disconnect()
+            await asyncio.to_thread(client.loop_stop)
+
+    def publish_event(self, payload: bytes) -> None:
+        """A station event (auto-halt, actions) on the station's events topic; lost if the broker is away."""
+        if self._client is not None:
+            self._client.publish(STATION_EVENTS_TOPIC, payload, qos=1)
+
+    # -- paho's thread ----------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
+        if getattr(reason, "is_failure", False):
+            self._call(self.on_state, False, f"broker refused the connection: {reason}")
+            return
+        client.subscribe([(topic, 1) for topic in SUBSCRIPTIONS])
+        log.info("station: connected to mqtt://%s:%d", self.host, self.port)
+        self._call(self.on_state, True, "")
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
+        log.warning("station: lost mqtt://%s:%d (%s); reconnecting", self.host, self.port, reason)
+        self._call(self.on_state, False, f"connection lost ({reason}); reconnecting")
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        self._call(self.on_state, False, f"cannot reach mqtt://{self.host}:{self.port}; retrying")
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        with self._lock:
+            if len(self._queue) == self._queue.maxlen:
+                self.dropped_backlog += 1
+            self._queue.append((msg.topic, bytes(msg.payload)))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._call(self._drain)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch = list(self._queue)
+            self._queue.clear()
+            self._scheduled = False
+        for topic, payload in batch:
+            self.on_message(topic, payload)
