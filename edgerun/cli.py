@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgerun.ota.commands import add_ota_parser
 
     add_ota_parser(sub)
+    from edgerun.station.commands import add_station_parsers
+
+    add_station_parsers(sub)
     return parser
 
 
