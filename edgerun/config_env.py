@@ -18,6 +18,7 @@ Variables whose first word is not a config section (``EDGERUN_CACHE``, the balen
 from __future__ import annotations
 
 import os
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Mapping
@@ -25,7 +26,11 @@ from typing import Annotated, Any, Mapping
 import msgspec
 
 from edgerun.errors import ConfigError
-from edgerun.tomlfile import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (JetPack 6)
+    import tomli as tomllib
 
 PREFIX = "EDGERUN_"
 # EDGERUN_ variables that name a section but are not config: a fault injected by the OTA tests.
