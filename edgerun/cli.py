@@ -19,6 +19,11 @@ from edgerun.errors import EdgerunError
 
 
 def _setup_logging(level: str) -> None:
+    from edgerun.service.journal import JournalHandler, journal_stream_is
+
+    if journal_stream_is(sys.stderr):  # under systemd: structured journal entries instead of plain lines
+        logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[JournalHandler()])
+        return
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
