@@ -494,7 +494,8 @@ class Failover:
         except ModelError as err:
             cand.state, cand.reason = BROKEN, _first_line(err)
             cand.next_probe = math.inf
-            log.warning("engine %s cannot load the model: %s", cand.key, cand.reason)
+            if not (at_start and cand.last_resort and not any(c.state == READY for c in self.candidates)):
+                log.warning("engine %s cannot load the model: %s", cand.key, cand.reason)  # else start() raises it
             return
         except Exception as err:
             with self._lock:
@@ -535,7 +536,9 @@ class Failover:
             with inflight:
                 return self._open_runtime(cand.key)
 
-        runtime: ModelRuntime = call_with_timeout(open_it, OPEN_TIMEOUT_S, f"edgerun-open-{cand.key}")
+        runtime: ModelRuntime = call_with_timeout(
+            open_it, OPEN_TIMEOUT_S, f"edgerun-open-{cand.key}", on_late=lambda late: late.engine.close()
+        )
         engine = runtime.engine
         worker = None if cand.last_resort else EngineWorker(engine, cand.key, inflight)
         tensor = engine.allocate_input()

@@ -8,6 +8,7 @@ close). Failover uses both for every engine it can leave.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -18,26 +19,46 @@ from edgerun.engines.base import Engine
 from edgerun.engines.breadcrumb import InFlight
 from edgerun.errors import EngineError
 
+log = logging.getLogger(__name__)
+
 
 class EngineHang(EngineError):
     """An engine call overran its deadline (the driver is wedged)."""
 
 
-def call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
-    """``fn()`` on a throw-away daemon thread; EngineHang if it does not return in time."""
+def call_with_timeout(
+    fn: Callable[[], Any], timeout: float, name: str, on_late: Callable[[Any], None] | None = None
+) -> Any:
+    """``fn()`` on a throw-away daemon thread; EngineHang if it does not return in time.
+
+    ``on_late`` gets what ``fn`` returns after the caller gave up (an engine opened too
+    late must still be closed, or its device memory and context leak).
+    """
     box: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def run() -> None:
         try:
-            box["value"] = fn()
+            value = fn()
         except BaseException as err:  # handed to the caller
             box["error"] = err
+            return
+        with lock:
+            late = box.get("abandoned", False)
+            box["value"] = value
+        if late and on_late is not None:
+            try:
+                on_late(value)
+            except Exception as err:  # nobody waits for this thread any more: say it and end
+                log.warning("%s: cleaning up a late result failed: %s", name, err)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     thread.join(timeout)
-    if thread.is_alive():
-        raise EngineHang(f"{name} did not return within {timeout:.0f} s")
+    with lock:  # decided under the lock: a value set after this is handed to on_late
+        if "value" not in box and "error" not in box:
+            box["abandoned"] = True
+            raise EngineHang(f"{name} did not return within {timeout:.0f} s")
     if "error" in box:
         raise box["error"]
     return box.get("value")

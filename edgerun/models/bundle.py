@@ -140,9 +140,12 @@ def _extract_tar(archive: Path, base: Path) -> Path:
     """
     try:
         digest = _file_sha256(archive)[:16]
-        valid = tarfile.is_tarfile(archive)
     except OSError as err:
         raise ModelError(f"model bundle {archive}: cannot read ({err.strerror or err})") from None
+    try:
+        valid = tarfile.is_tarfile(archive)
+    except _ARCHIVE_ERRORS:  # a compressed stream cut short raises from inside the decompressor
+        valid = False
     if not valid:
         raise ModelError(f"model bundle {archive}: not a directory or a tar archive")
     dest = base / f"{archive.name.partition('.')[0] or 'bundle'}-{digest}"
