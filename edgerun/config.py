@@ -47,6 +47,20 @@ class ReplayConfig(Section):
     scene: str = ""  # empty: the built-in scene made from scikit-image's photos
 
 
+class PoseConfig(Section):
+    """Live camera pose from an autopilot (edgerun/sources/pose_mavlink.py); replays carry their own pose."""
+
+    kind: Literal["none", "mavlink"] = "none"
+    # "udpin:HOST:PORT" (listen for the autopilot's UDP stream) or a serial port "DEVICE,BAUD" ("/dev/ttyAMA0,57600").
+    url: str = "udpin:127.0.0.1:14550"
+    system_id: Annotated[int, msgspec.Meta(ge=0, le=255)] = 0  # the autopilot's MAVLink system id; 0: the first heard
+    mount: Literal["fixed", "gimbal"] = "fixed"  # fixed: looks down the body's z axis; gimbal: its reported attitude
+    hfov_deg: Annotated[float, msgspec.Meta(gt=1.0, lt=170.0)] = 60.0
+    origin: list[float] = msgspec.field(default_factory=list)  # [lat, lon] of local east/north; empty: first fix
+    position_timeout_s: PositiveFloat = 1.0  # a frame further than this from a position fix gets no pose
+    attitude_timeout_s: PositiveFloat = 0.5  # ... from an attitude (and gimbal attitude) sample
+
+
 class SourceConfig(Section):
     kind: Literal["replay", "opencv", "images"] = "replay"
     # opencv: a file path, a V4L2 device index ("0"), an rtsp:// URL or a GStreamer pipeline.
@@ -62,6 +76,7 @@ class SourceConfig(Section):
     reopen_backoff_s: PositiveFloat = 0.5
     reopen_backoff_max_s: PositiveFloat = 10.0
     replay: ReplayConfig = msgspec.field(default_factory=ReplayConfig)
+    pose: PoseConfig = msgspec.field(default_factory=PoseConfig)
 
 
 class ModelConfig(Section):
@@ -285,6 +300,15 @@ def _check_semantics(cfg: Config) -> None:
         raise ConfigError("source.path: required when source.kind is 'images'")
     if cfg.source.reopen_backoff_max_s < cfg.source.reopen_backoff_s:
         raise ConfigError("source.reopen_backoff_max_s: expected >= source.reopen_backoff_s")
+    pose = cfg.source.pose
+    if pose.origin and not (
+        len(pose.origin) == 2 and -90.0 <= pose.origin[0] <= 90.0 and -180.0 <= pose.origin[1] <= 180.0
+    ):
+        raise ConfigError(f"source.pose.origin: expected [latitude, longitude] in degrees, got {pose.origin}")
+    if pose.kind == "mavlink":
+        from edgerun.sources.pose_mavlink import parse_link_url
+
+        parse_link_url(pose.url)
     mqtt = cfg.sinks.mqtt
     if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
         raise ConfigError("sinks.mqtt.tls_key: tls_cert and tls_key must be given together")

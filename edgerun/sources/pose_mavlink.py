@@ -1,0 +1,285 @@
+"""Live camera pose from a MAVLink autopilot (``[source.pose] kind = "mavlink"``).
+
+Reads GLOBAL_POSITION_INT (position, height above home), ATTITUDE (body
+attitude) and, for a gimbal mount, GIMBAL_DEVICE_ATTITUDE_STATUS or
+MOUNT_ORIENTATION, decoded by pymavlink's own parser, and turns them into an
+``edgerun.types.Pose`` in the replay's convention: east/north/up metres around
+the first position fix (or the configured origin), the ground being the home
+altitude; the attitude is the camera's, expressed as the belly camera the Pose
+convention describes (a gimbal's angles are folded in by ``swarm.geo``).
+
+I/O runs on the asyncio loop with no thread: an asyncio datagram endpoint for
+``udpin:HOST:PORT`` and pyserial-asyncio-fast for a serial port. The parser is
+fed bytes (``feed``), so the same code is driven by tests without sockets; the
+messages are small and few (tens per second), so parsing them on the loop costs
+less than a thread hand-off would. Bad bytes are dropped and counted by reason;
+a frame captured too long after the last fix gets no pose, counted as stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import math
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgerun.config import PoseConfig
+from edgerun.errors import ConfigError, SourceError
+from edgerun.types import Pose
+from swarm.geo import CameraPose, angles_zyx, fold_gimbal
+
+log = logging.getLogger(__name__)
+
+# WGS84: the local frame uses the ellipsoid's radii of curvature at the origin (flat-earth, metres over km).
+_WGS84_A = 6378137.0
+_WGS84_E2 = 6.69437999014e-3
+_GIMBAL_YAW_LOCK = 16
+_GIMBAL_YAW_IN_VEHICLE_FRAME = 32
+_GIMBAL_YAW_IN_EARTH_FRAME = 64
+_HISTORY = 32  # samples kept per stream, to pick the one nearest a frame's capture time
+
+_UDP_RE = re.compile(r"^(?:udpin|udp):(?P<host>[^:]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+_SERIAL_RE = re.compile(r"^(?P<device>/[^,]+),(?P<baud>\d{3,7})$")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkUrl:
+    kind: str  # "udp" or "serial"
+    host: str = ""
+    port: int = 0
+    device: str = ""
+    baud: int = 0
+
+
+def parse_link_url(url: str) -> LinkUrl:
+    """``udpin:HOST:PORT`` or ``DEVICE,BAUD``; raises ConfigError naming source.pose.url otherwise."""
+    m = _UDP_RE.match(url)
+    if m and 0 <= int(m.group("port")) <= 65535:
+        return LinkUrl("udp", host=m.group("host").strip("[]"), port=int(m.group("port")))
+    m = _SERIAL_RE.match(url)
+    if m:
+        return LinkUrl("serial", device=m.group("device"), baud=int(m.group("baud")))
+    raise ConfigError(f"source.pose.url: expected 'udpin:HOST:PORT' or 'DEVICE,BAUD', got {url!r}")
+
+
+def local_east_north(lat: float, lon: float, lat0: float, lon0: float) -> tuple[float, float]:
+    """Degrees -> metres east/north of (lat0, lon0) on the WGS84 ellipsoid's tangent plane (small areas)."""
+    phi = math.radians(lat0)
+    s2 = math.sin(phi) ** 2
+    prime_vertical = _WGS84_A / math.sqrt(1.0 - _WGS84_E2 * s2)
+    meridional = _WGS84_A * (1.0 - _WGS84_E2) / (1.0 - _WGS84_E2 * s2) ** 1.5
+    dlon = (lon - lon0 + 180.0) % 360.0 - 180.0
+    return math.radians(dlon) * prime_vertical * math.cos(phi), math.radians(lat - lat0) * meridional
+
+
+def quaternion_angles(w: float, x: float, y: float, z: float) -> tuple[float, float, float]:
+    """A unit quaternion (w, x, y, z) -> Z-Y-X (yaw, pitch, roll) degrees."""
+    n = math.sqrt(w * w + x * x + y * y + z * z)
+    w, x, y, z = w / n, x / n, y / n, z / n
+    rot = np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+    return angles_zyx(rot)
+
+
+class _Samples:
+    """The last few (time, value) samples of one stream, in arrival order."""
+
+    def __init__(self) -> None:
+        self.times: deque[float] = deque(maxlen=_HISTORY)
+        self.values: deque[Any] = deque(maxlen=_HISTORY)
+
+    def add(self, t: float, value: Any) -> None:
+        self.times.append(t)
+        self.values.append(value)
+
+    def nearest(self, t: float) -> tuple[float, Any] | None:
+        if not self.times:
+            return None
+        times = list(self.times)
+        i = bisect.bisect_left(times, t)
+        best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
+        return times[best], self.values[best]
+
+
+class MavlinkPoseSource:
+    """The latest camera pose from a MAVLink autopilot: ``await start()``, ``latest(t_capture)``, ``await stop()``."""
+
+    def __init__(self, cfg: PoseConfig) -> None:
+        from pymavlink.dialects.v20 import common as mavlink  # the 'mavlink' extra; imported when used
+
+        self.cfg = cfg
+        self.link = parse_link_url(cfg.url)
+        self._mavlink = mavlink
+        self._parser = self._new_parser()
+        self._system = cfg.system_id
+        self._origin: tuple[float, float] | None = (cfg.origin[0], cfg.origin[1]) if cfg.origin else None
+        self._position = _Samples()  # (east, north, up)
+        self._attitude = _Samples()  # (yaw, pitch, roll) degrees, body
+        self._gimbal = _Samples()  # (yaw relative to the heading or None, yaw in earth frame or None, pitch, roll)
+        self._transport: Any = None
+        self.stats: dict[str, Any] = {"messages": 0, "poses": 0, "stale": 0, "no_fix": 0, "dropped": {}}
+        self.local_addr: tuple[str, int] | None = None
+
+    def _new_parser(self) -> Any:
+        parser = self._mavlink.MAVLink(None)
+        parser.robust_parsing = True  # bad bytes come back as BAD_DATA messages instead of exceptions
+        return parser
+
+    def _drop(self, reason: str) -> None:
+        dropped = self.stats["dropped"]
+        dropped[reason] = dropped.get(reason, 0) + 1
+
+    # I/O
+
+    async def start(self) -> None:
+        """Open the link (UDP listener or serial port) on the running loop."""
+        loop = asyncio.get_running_loop()
+        source = self
+
+        class _Protocol(asyncio.DatagramProtocol, asyncio.Protocol):
+            def datagram_received(self, data: bytes, addr: Any) -> None:
+                source.feed(data, time.monotonic())
+
+            def data_received(self, data: bytes) -> None:
+                source.feed(data, time.monotonic())
+
+            def error_received(self, exc: Exception) -> None:
+                source._drop("socket_error")
+
+        try:
+            if self.link.kind == "udp":
+                self._transport, _ = await loop.create_datagram_endpoint(
+                    _Protocol, local_addr=(self.link.host, self.link.port)
+                )
+                self.local_addr = self._transport.get_extra_info("sockname")[:2]
+            else:
+                import serial_asyncio_fast
+
+                self._transport, _ = await serial_asyncio_fast.create_serial_connection(
+                    loop, _Protocol, self.link.device, baudrate=self.link.baud
+                )
+        except (OSError, ImportError) as err:
+            raise SourceError(f"source.pose: cannot open {self.cfg.url!r}: {err}") from None
+        log.info("pose: MAVLink on %s (mount %s)", self.cfg.url, self.cfg.mount)
+
+    async def stop(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    # parsing (sans-I/O: ``now`` is time.monotonic(), the clock of FrameMeta.t_capture)
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes from the link. Never raises: bad bytes are dropped and counted by reason."""
+        try:
+            messages = self._parser.parse_buffer(data) or []
+        except Exception:  # pymavlink's parser on bytes it did not expect: start over, count it
+            self._parser = self._new_parser()
+            self._drop("parser_error")
+            return
+        for msg in messages:
+            self._handle(msg, now)
+
+    def _handle(self, msg: Any, now: float) -> None:
+        kind = msg.get_type()
+        if kind == "BAD_DATA":
+            reason = str(getattr(msg, "reason", ""))
+            self._drop("bad_crc" if "CRC" in reason else "bad_prefix" if "prefix" in reason else "bad_frame")
+            return
+        if kind not in ("GLOBAL_POSITION_INT", "ATTITUDE", "GIMBAL_DEVICE_ATTITUDE_STATUS", "MOUNT_ORIENTATION"):
+            return
+        system = msg.get_srcSystem()
+        if self._system == 0:
+            self._system = system
+            log.info("pose: following MAVLink system %d", system)
+        if system != self._system:
+            self._drop("other_system")
+            return
+        self.stats["messages"] += 1
+        if kind == "GLOBAL_POSITION_INT":
+            lat, lon = msg.lat / 1e7, msg.lon / 1e7
+            if not (-90.0 <= lat <= 90.0 and -180.0 <= lon <= 180.0) or (msg.lat == 0 and msg.lon == 0):
+                self._drop("no_gnss")  # autopilots send 0, 0 before the first fix
+                return
+            if self._origin is None:
+                self._origin = (lat, lon)
+                log.info("pose: local origin at %.7f, %.7f (first fix)", lat, lon)
+            east, north = local_east_north(lat, lon, *self._origin)
+            self._position.add(now, (east, north, msg.relative_alt / 1000.0))
+        elif kind == "ATTITUDE":
+            values = (math.degrees(msg.yaw), math.degrees(msg.pitch), math.degrees(msg.roll))
+            if not all(math.isfinite(v) for v in values):
+                self._drop("attitude_invalid")
+                return
+            self._attitude.add(now, values)
+        elif kind == "GIMBAL_DEVICE_ATTITUDE_STATUS":
+            if not all(math.isfinite(v) for v in msg.q) or not any(msg.q):
+                self._drop("gimbal_invalid")
+                return
+            yaw, pitch, roll = quaternion_angles(*msg.q)
+            flags = msg.flags
+            earth = bool(flags & _GIMBAL_YAW_IN_EARTH_FRAME) or (
+                not flags & _GIMBAL_YAW_IN_VEHICLE_FRAME and bool(flags & _GIMBAL_YAW_LOCK)
+            )
+            self._gimbal.add(now, (None, yaw, pitch, roll) if earth else (yaw, None, pitch, roll))
+        else:  # MOUNT_ORIENTATION: roll and pitch to the horizon, yaw to the heading and to north, degrees
+            if not (math.isfinite(msg.roll) and math.isfinite(msg.pitch)):
+                self._drop("gimbal_invalid")
+                return
+            relative = msg.yaw if math.isfinite(msg.yaw) else None
+            absolute = msg.yaw_absolute if math.isfinite(msg.yaw_absolute) else None
+            if relative is None and absolute is None:
+                self._drop("gimbal_invalid")
+                return
+            self._gimbal.add(now, (relative, absolute, msg.pitch, msg.roll))
+
+    # the pose
+
+    def latest(self, t_capture: float) -> Pose | None:
+        """The pose nearest ``t_capture`` (time.monotonic() seconds), or None when a needed stream is stale."""
+        cfg = self.cfg
+        position = self._position.nearest(t_capture)
+        attitude = self._attitude.nearest(t_capture)
+        if position is None or attitude is None:
+            self.stats["no_fix"] += 1
+            return None
+        gimbal = self._gimbal.nearest(t_capture) if cfg.mount == "gimbal" else None
+        if cfg.mount == "gimbal" and gimbal is None:
+            self.stats["no_fix"] += 1
+            return None
+        if (
+            abs(t_capture - position[0]) > cfg.position_timeout_s
+            or abs(t_capture - attitude[0]) > cfg.attitude_timeout_s
+            or (gimbal is not None and abs(t_capture - gimbal[0]) > cfg.attitude_timeout_s)
+        ):
+            self.stats["stale"] += 1
+            return None
+        east, north, up = position[1]
+        yaw, pitch, roll = attitude[1]
+        camera = CameraPose(east, north, up, yaw, pitch, roll, cfg.hfov_deg)
+        if gimbal is not None:
+            relative, absolute, g_pitch, g_roll = gimbal[1]
+            g_yaw = relative if relative is not None else absolute - yaw
+            camera = fold_gimbal(CameraPose(east, north, up, yaw, pitch, roll, cfg.hfov_deg, g_yaw, g_pitch, g_roll))
+        self.stats["poses"] += 1
+        return Pose(
+            east_m=camera.east_m,
+            north_m=camera.north_m,
+            up_m=camera.up_m,
+            yaw_deg=camera.yaw_deg,
+            pitch_deg=camera.pitch_deg,
+            roll_deg=camera.roll_deg,
+            hfov_deg=camera.hfov_deg,
+        )
