@@ -252,7 +252,7 @@ class EdgerunScenario(Scenario):
     def argv(self, member: Member, seed: Member | None) -> list[str]:
         host, port = member.address
         argv = [sys.executable, "-m", "swarm.agent", "--name", member.name, "--bind", f"{host}:{port}",
-                "--key", str(self.key_file), "--timing", json.dumps(self.timing)]
+                "--key", str(self.key_file), "--timing", json.dumps(self.timing), "--stats-interval", "1"]
         if seed is not None:
             argv += ["--seed", f"{seed.address[0]}:{seed.address[1]}"]
         if member.lab_node is None and self.loss > 0:
@@ -290,10 +290,11 @@ class EdgerunScenario(Scenario):
             member.final_stats = record
 
     def protocol_counts(self) -> tuple[int, int]:
-        # Prefer the members' own counters (suspicions they raised, refutations they sent) when they report them.
-        stats = [m.final_stats for m in self.members if m.final_stats]
-        if stats and all("suspicions" in s for s in stats):
-            return (sum(int(s.get("suspicions", 0)) for s in stats), sum(int(s.get("refutations", 0)) for s in stats))
+        # memberlist logs "Suspect X has failed" on each failed probe: the twin is our probe_failures counter.
+        stats = [m.final_stats or m.last_stats for m in self.members]
+        if all(s is not None and "probe_failures" in s for s in stats):
+            return (sum(int(s.get("probe_failures", 0)) for s in stats if s),
+                    sum(int(s.get("refutations", 0)) for s in stats if s))
         return super().protocol_counts()
 
 
@@ -401,8 +402,9 @@ async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any]
         notes.append("bytes_per_node_s: bytes each node's veth sent (kernel count, with IP/UDP/Ethernet headers), "
                      "mean over nodes in the steady phase" if mode == "netns" else
                      "bytes_per_node_s: the agents' own sealed-packet byte counts")
-        notes.append("suspicions: serf counts 'Suspect X has failed' log lines (the prober's own suspicions); "
-                     "edgerun the members' suspicion counters (or suspect events seen when no counter)")
+        notes.append("suspicions: failed probes that raised or confirmed a suspicion, summed over members (serf: "
+                     "memberlist's 'Suspect X has failed' log lines; edgerun: probe_failures); refutations: "
+                     "members refuting a suspect/dead claim about themselves; both include the kill phase")
         result["notes"] = notes
         return result
 
