@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from swarm.agent import SwarmAgent
+from swarm.config import SwarmTiming
 from swarm.keyring import Keyring, generate_key
+from swarm.membership import MemberEvent, MemberState, UserBroadcast
 
 REPO = Path(__file__).resolve().parents[2]
 # memberlist's LAN timing scaled down about 5x so the test runs in seconds.
@@ -152,5 +155,66 @@ def test_replayed_and_forged_packets_to_a_running_agent_are_dropped_and_counted(
             assert agent.proc is not None and agent.proc.returncode is None  # nothing raised into its loop
         finally:
             await agent.kill()
+
+    asyncio.run(scenario())
+
+
+def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_behind):
+    """SwarmAgent on the test's own loop (no thread): app gossip, metadata, live key rotation, graceful leave."""
+    timing = SwarmTiming(**FAST)
+
+    async def scenario() -> None:
+        old, new = generate_key(), generate_key()
+        first = SwarmAgent("a0", ("127.0.0.1", 0), timing, Keyring([old]), meta=b"m0")
+        seed = await first.start()
+        agents = [first] + [SwarmAgent(f"a{i}", ("127.0.0.1", 0), timing, Keyring([old]), seeds=[seed])
+                            for i in (1, 2)]
+        events: dict[str, list] = {a.name: [] for a in agents}
+        for agent in agents:
+            agent.on_event(events[agent.name].append)
+        stranger = SwarmAgent("x", ("127.0.0.1", 0), timing, Keyring([old]), seeds=[seed])
+        try:
+            for agent in agents[1:]:
+                await agent.start()
+
+            def alive(agent: SwarmAgent) -> set[str]:
+                return {m.name for m in agent.members() if m.state is MemberState.ALIVE}
+
+            await until(lambda: all(alive(a) == {"a0", "a1", "a2"} for a in agents), 20)
+
+            agents[1].queue_broadcast(b"claim", b"payload-1")
+
+            def delivered(name: str, payload: bytes) -> bool:
+                return any(isinstance(e, UserBroadcast) and e.payload == payload and e.sender == "a1"
+                           for e in events[name])
+
+            await until(lambda: delivered("a0", b"payload-1") and delivered("a2", b"payload-1"), 20)
+
+            agents[2].set_meta(b"m1")
+            await until(lambda: any(m.name == "a2" and m.meta == b"m1" for m in agents[0].members()), 20)
+
+            # Rotation without a flag day: install everywhere, switch primary everywhere, remove the old key.
+            for step in ("install", "use", "remove"):
+                for agent in agents:
+                    getattr(agent.transport.keyring, step)(new if step != "remove" else old)
+                await asyncio.sleep(3 * timing.probe_interval_s)
+            agents[1].queue_broadcast(b"claim", b"payload-2")
+            await until(lambda: delivered("a0", b"payload-2") and delivered("a2", b"payload-2"), 20)
+            assert all(a.stats["dropped"].get("forged", 0) == 0 for a in agents)
+            assert all(alive(a) == {"a0", "a1", "a2"} for a in agents)
+
+            # A member still on the removed key is shut out: its packets are forged to everyone.
+            await stranger.start()
+            await until(lambda: agents[0].stats["dropped"].get("forged", 0) > 0, 20)
+            assert "x" not in {m.name for m in agents[0].members()}
+
+            await agents[2].stop(leave=True)
+            await until(lambda: any(isinstance(e, MemberEvent) and e.kind == "leave" and e.member.name == "a2"
+                                    for e in events["a0"]), 20)
+            stats = agents[0].stats
+            assert stats["bytes_out"] > 0 and stats["bytes_in"] > 0
+        finally:
+            for agent in [*agents, stranger]:
+                await agent.stop(leave=False)
 
     asyncio.run(scenario())
