@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PACKET_BUDGET = 1400 - 64
 MAX_QUEUED_BROADCASTS = 1024
 MAX_STORED_USER_MSGS = 4096
+MAX_FAILED_REMEMBERED = 1024
+# serf's reconnect_timeout: how long a failed member is still tried, in case a partition separates us.
+RECONNECT_FOR_S = 24 * 3600.0
 # A timer handled this much after its deadline (or more) means this member is starved of CPU.
 LATE_TIMER_FRACTION = 0.5
 
@@ -283,6 +286,7 @@ class Membership:
         self._user_queue = BroadcastQueue()
         self._user_store: dict[tuple[str, bytes], _StoredUserMsg] = {}
         self._user_seq = 0
+        self._failed: dict[str, tuple[tuple[str, int], float]] = {}
         self._leaving = False
         self._join_seeds: list[tuple[str, int]] = []
         self._join_attempt = 0
@@ -315,6 +319,7 @@ class Membership:
             "refutations": 0,
             "deaths": 0,
             "push_pulls": 0,
+            "reconnects": 0,
             "late_timers": 0,
             "user_delivered": 0,
             "user_duplicates": 0,
@@ -473,6 +478,7 @@ class Membership:
             self._next_push_pull = now + push_pull_scale(self.timing.push_pull_interval_s, n)
             if not self._leaving:
                 self._push_pull(now)
+                self._reconnect(now)
         if self._join_retry_at is not None and now >= self._join_retry_at:
             self._join_retry_at = None
             if not self._joined and not self._has_live_peer():
@@ -651,6 +657,10 @@ class Membership:
         member.state_since = now
         if member.state is MemberState.DEAD:
             self.stats["deaths"] += 1
+            self._failed.pop(member.name, None)
+            self._failed[member.name] = (member.addr, now)
+            while len(self._failed) > MAX_FAILED_REMEMBERED:
+                del self._failed[next(iter(self._failed))]
             self._emit("dead", member)
         else:
             self._emit("leave", member)
@@ -810,6 +820,19 @@ class Membership:
         self.stats["push_pulls"] += 1
         self._open_stream(_Stream("push_pull"), peer.addr, encode_stream(self._local_state(join=False)))
 
+    def _reconnect(self, now: float) -> None:
+        """Push-pull with one member we declared failed: after a long partition neither side gossips to the
+        other any more (both reaped), so this, like serf's reconnect, is what joins the halves again."""
+        for name, (_, since) in list(self._failed.items()):
+            member = self._nodes.get(name)
+            if now - since > RECONNECT_FOR_S or (member is not None and member.state is MemberState.ALIVE):
+                del self._failed[name]
+        if not self._failed:
+            return
+        addr, _ = self._failed[self._rng.choice(list(self._failed))]
+        self.stats["reconnects"] += 1
+        self._open_stream(_Stream("push_pull"), addr, encode_stream(self._local_state(join=False)))
+
     def _start_join_attempt(self) -> None:
         if not self._join_seeds:
             return
@@ -823,7 +846,10 @@ class Membership:
         members = [PushMember(name=m.name, addr=m.addr, incarnation=m.incarnation, state=m.state.value, meta=m.meta)
                    for m in list(self._nodes.values())[:MAX_PUSH_MEMBERS]]
         self._expire_user_store(self._now)
-        broadcasts = [s.msg for s in list(self._user_store.values())[-MAX_PUSH_BROADCASTS:]]
+        # Only our own: each member hands its own to every push-pull peer, who re-gossips them, so a healed
+        # partition learns everything without every stream carrying the whole fleet's store.
+        broadcasts = [s.msg for s in self._user_store.values() if s.msg.sender == self.local_name]
+        broadcasts = broadcasts[-MAX_PUSH_BROADCASTS:]
         return PushPull(join=join, source=self.local_name, members=members, broadcasts=broadcasts)
 
     def _merge_remote_state(self, remote: PushPull, now: float) -> None:

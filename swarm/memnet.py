@@ -69,6 +69,7 @@ class MemNet:
         self.rng = random.Random(seed)
         self.hosts: dict[Addr, Host] = {}
         self.group: dict[Addr, int] = {}
+        self.blocked: set[tuple[Addr, Addr, str]] = set()
         self.lost = 0
         self.cut = 0
         self.delivered = 0
@@ -99,7 +100,18 @@ class MemNet:
     def starve(self, addr: Addr, starvation: Starvation | None = None) -> None:
         self.hosts[addr].starvation = starvation or Starvation()
 
-    def reachable(self, a: Addr, b: Addr) -> bool:
+    def block(self, a: Addr, b: Addr, *, udp: bool = True, tcp: bool = False) -> None:
+        """Cut one link both ways (datagrams and/or streams), as a firewall rule between two hosts would."""
+        for kind, on in (("udp", udp), ("tcp", tcp)):
+            if on:
+                self.blocked |= {(a, b, kind), (b, a, kind)}
+
+    def unblock(self) -> None:
+        self.blocked = set()
+
+    def reachable(self, a: Addr, b: Addr, kind: str = "udp") -> bool:
+        if self.blocked and (a, b, kind) in self.blocked:
+            return False
         return self.group.get(a, 0) == self.group.get(b, 0)
 
     # ------------------------------------------------------------------ running
@@ -181,7 +193,7 @@ class MemNet:
         if self.loss and self.rng.random() < self.loss:
             self.lost += 1
             return
-        if not self.reachable(src, dst):
+        if not self.reachable(src, dst, "udp"):
             self.cut += 1
             return
         target = self.hosts.get(dst)
@@ -198,7 +210,7 @@ class MemNet:
         def fail_at(when: float) -> None:
             self.input(host, when, lambda now: host.membership.stream_result(token, None, now))
 
-        if not self.reachable(src, dst):
+        if not self.reachable(src, dst, "tcp"):
             fail_at(self.now + self.tcp_timeout_s)
             return
         target = self.hosts.get(dst)
@@ -208,7 +220,7 @@ class MemNet:
 
         def serve(now: float) -> None:
             reply = target.membership.handle_stream(request, src, now)
-            if reply is None or not self.reachable(src, dst):
+            if reply is None or not self.reachable(src, dst, "tcp"):
                 fail_at(now + self._delay())
                 return
             self.input(host, now + self._delay(), lambda later: host.membership.stream_result(token, reply, later))

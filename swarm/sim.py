@@ -1,0 +1,370 @@
+"""Simulate a swarm on the in-memory network: ``python -m swarm.sim --nodes 20 --loss 0.1 --seconds 300``.
+
+N members (the production :class:`Membership`) run over :class:`MemNet` on a virtual clock; each member is a
+drone flying random waypoints over a field of static ground targets, feeding what its camera footprint sees
+into the production :class:`Dedup`, whose claims ride on the members' app broadcasts. Faults: one member
+killed (``--kill-at``), the swarm cut in two halves and healed (``--partition-at``/``--heal-at``), CPU-starved
+members whose timers fire late (``--starve``).
+
+Printed and written (``--json``): ``full_membership_s`` (every member sees all N alive), ``detect_p50_s`` /
+``detect_max_s`` (killed member declared dead, over all observers), ``suspicions``, ``refutations``,
+``false_deaths`` (a member declared dead by an observer that could reach it while it was alive),
+``bytes_per_node_s`` (datagrams and streams sent), ``duplicate_ratio`` (fleet reports of a ground target
+beyond the first within the dedup window, over targets seen by two or more drones), ``dedup_added_latency_s``
+(median time from a target's first sighting by any drone to its first fleet report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from swarm.config import SwarmTiming
+from swarm.dedup import Dedup, DedupConfig, FleetObject, Observation
+from swarm.membership import MemberEvent, Membership, MemberState, UserBroadcast
+from swarm.memnet import Host, MemNet, Starvation
+
+PORT = 7946
+
+
+@dataclass
+class SimConfig:
+    nodes: int = 20
+    loss: float = 0.1
+    seconds: float = 300.0
+    seed: int = 1
+    latency_s: float = 0.002
+    jitter_s: float = 0.004
+    kill_at: float | None = 100.0
+    partition_at: float | None = None
+    heal_at: float | None = None
+    starve: int = 0
+    drones: bool = True
+    field_m: float = 300.0
+    targets: int = 40
+    footprint_m: float = 30.0
+    speed_m_s: float = 8.0
+    frame_hz: float = 2.0
+    takeoff_s: float = 5.0  # drones start looking once the swarm has formed
+    fix_sigma_m: float = 1.0
+    detect_prob: float = 0.9
+    timing: SwarmTiming = field(default_factory=SwarmTiming)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+
+
+@dataclass
+class _Drone:
+    dedup: Dedup
+    east: float
+    north: float
+    goal: tuple[float, float]
+    reports: list[tuple[float, FleetObject]] = field(default_factory=list)
+
+
+def _addr(index: int) -> tuple[str, int]:
+    return (f"10.0.{index // 250}.{index % 250 + 1}", PORT)
+
+
+class SwarmSim:
+    """One run: build the members, inject the faults, collect the events, compute the figures."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.net = MemNet(seed=cfg.seed, loss=cfg.loss, latency_s=cfg.latency_s, jitter_s=cfg.jitter_s,
+                          tcp_timeout_s=cfg.timing.tcp_timeout_s)
+        self.names = [f"drone{i:02d}" for i in range(cfg.nodes)]
+        self.addrs = [_addr(i) for i in range(cfg.nodes)]
+        self.hosts: list[Host] = []
+        self.killed: str | None = None
+        self.killed_at: float | None = None
+        # (observer, member) -> whether they could reach each other; kept as intervals by the fault schedule
+        self.partitioned: list[tuple[float, float]] = []
+        self.drones: list[_Drone] = []
+        self.targets = [(self.rng.uniform(0, cfg.field_m), self.rng.uniform(0, cfg.field_m))
+                        for _ in range(cfg.targets)]
+        self.first_seen: dict[int, list[tuple[float, str]]] = {}
+
+    # ------------------------------------------------------------------ set-up
+
+    def build(self) -> None:
+        cfg = self.cfg
+        starved = set(self.rng.sample(range(1, cfg.nodes), min(cfg.starve, cfg.nodes - 1)))
+        for i, (name, addr) in enumerate(zip(self.names, self.addrs)):
+            membership = Membership(name, addr, cfg.timing, now=0.0, rng=random.Random(cfg.seed * 1000 + i))
+            if i:
+                membership.join([self.addrs[0]], 0.0)
+            host = self.net.add(membership, starvation=Starvation() if i in starved else None)
+            self.hosts.append(host)
+            if cfg.drones:
+                drone = _Drone(Dedup(name, cfg.dedup, now=0.0), *self._random_point(), goal=self._random_point())
+                self.drones.append(drone)
+                self.net.input(host, cfg.takeoff_s + self.rng.uniform(0, 1 / cfg.frame_hz), self._frame_step(i))
+        self.net.on_event = self._on_event
+        self.starved = sorted(self.names[i] for i in starved)
+
+    def _random_point(self) -> tuple[float, float]:
+        return (self.rng.uniform(0, self.cfg.field_m), self.rng.uniform(0, self.cfg.field_m))
+
+    def _on_event(self, addr: tuple[str, int], now: float, event: MemberEvent | UserBroadcast) -> None:
+        if isinstance(event, UserBroadcast) and self.drones:
+            index = self.addrs.index(addr)
+            self.drones[index].dedup.receive(event.payload, now)
+
+    # ------------------------------------------------------------------ drones
+
+    def _frame_step(self, index: int):
+        cfg = self.cfg
+        host = self.hosts[index]
+        drone = self.drones[index]
+        period = 1.0 / cfg.frame_hz
+        rng = random.Random(cfg.seed * 7919 + index)
+
+        def step(now: float) -> None:
+            # fly towards the waypoint
+            de, dn = drone.goal[0] - drone.east, drone.goal[1] - drone.north
+            dist = math.hypot(de, dn)
+            hop = cfg.speed_m_s * period
+            if dist <= hop:
+                drone.east, drone.north = drone.goal
+                drone.goal = (rng.uniform(0, cfg.field_m), rng.uniform(0, cfg.field_m))
+            else:
+                drone.east += de / dist * hop
+                drone.north += dn / dist * hop
+            fixes = []
+            for t, (te, tn) in enumerate(self.targets):
+                if math.hypot(te - drone.east, tn - drone.north) > cfg.footprint_m or rng.random() > cfg.detect_prob:
+                    continue
+                fixes.append(Observation("person", te + rng.gauss(0, cfg.fix_sigma_m),
+                                         tn + rng.gauss(0, cfg.fix_sigma_m), 1.5 * cfg.fix_sigma_m,
+                                         round(rng.uniform(0.5, 0.95), 3)))
+                self.first_seen.setdefault(t, []).append((now, host.membership.local_name))
+            if fixes:
+                drone.dedup.observe(fixes, now, now)
+            for obj in drone.dedup.tick(now, now):
+                drone.reports.append((now, obj))
+            for key, payload in drone.dedup.outgoing():
+                host.membership.queue_broadcast(key, payload)
+            self.net.input(host, now + period, step)
+
+        return step
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        started = time.perf_counter()
+        self.build()
+        schedule: list[tuple[float, str]] = []
+        if cfg.kill_at is not None:
+            schedule.append((cfg.kill_at, "kill"))
+        if cfg.partition_at is not None:
+            schedule.append((cfg.partition_at, "partition"))
+            schedule.append((cfg.heal_at if cfg.heal_at is not None else cfg.seconds, "heal"))
+        for when, action in sorted(schedule):
+            self.net.run_until(when)
+            if action == "kill":
+                victim = self.rng.choice([i for i in range(1, cfg.nodes) if self.names[i] not in self.starved])
+                self.killed, self.killed_at = self.names[victim], when
+                self.net.kill(self.addrs[victim])
+            elif action == "partition":
+                half = cfg.nodes // 2
+                self.net.partition(self.addrs[:half], self.addrs[half:])
+                self.partitioned.append((when, math.inf))
+            else:
+                self.net.heal()
+                if self.partitioned:
+                    self.partitioned[-1] = (self.partitioned[-1][0], when)
+        self.net.run_until(cfg.seconds)
+        result = self.figures()
+        result["wall_s"] = round(time.perf_counter() - started, 2)
+        return result
+
+    # ------------------------------------------------------------------ figures
+
+    def _cut_at(self, t: float, a: str, b: str) -> bool:
+        half = self.cfg.nodes // 2
+        side_a, side_b = self.names.index(a) < half, self.names.index(b) < half
+        # a partition's effect lingers up to the suspicion timeout after the heal
+        return side_a != side_b and any(start <= t <= end + 60.0 for start, end in self.partitioned)
+
+    def figures(self) -> dict:
+        cfg = self.cfg
+        hosts = dict(zip(self.names, self.hosts))
+        everyone = set(self.names)
+        full_at = None
+        seen: dict[str, dict[str, float]] = {n: {} for n in self.names}
+        for name, host in hosts.items():
+            for t, event in host.events:
+                if isinstance(event, MemberEvent) and event.kind == "join":
+                    seen[name].setdefault(event.member.name, t)
+        if all(set(seen[n]) | {n} >= everyone for n in self.names):
+            full_at = max(max(v.values(), default=0.0) for v in seen.values())
+
+        detections: list[float] = []
+        false_deaths = 0
+        partition_deaths = 0
+        for name, host in hosts.items():
+            for t, event in host.events:
+                if not isinstance(event, MemberEvent) or event.kind != "dead":
+                    continue
+                about = event.member.name
+                if about == self.killed and self.killed_at is not None and t >= self.killed_at:
+                    continue
+                if self._cut_at(t, name, about):
+                    partition_deaths += 1
+                else:
+                    false_deaths += 1
+            if self.killed and name != self.killed and host.alive:
+                times = [t for t, e in host.events if isinstance(e, MemberEvent) and e.kind == "dead"
+                         and e.member.name == self.killed and t >= (self.killed_at or 0.0)]
+                detections.append(min(times) - self.killed_at if times else math.inf)
+
+        sent = sum(h.membership.stats["sent_bytes"] + h.membership.stats["stream_sent_bytes"] for h in self.hosts)
+        stats = [h.membership.stats for h in self.hosts]
+        result: dict = {
+            "nodes": cfg.nodes,
+            "loss": cfg.loss,
+            "seconds": cfg.seconds,
+            "seed": cfg.seed,
+            "killed": self.killed,
+            "partition": [list(p) for p in self.partitioned] or None,
+            "starved": self.starved,
+            "full_membership_s": None if full_at is None else round(full_at, 3),
+            "detect_p50_s": round(statistics.median(detections), 3) if detections else None,
+            "detect_max_s": round(max(detections), 3) if detections else None,
+            "suspicions": sum(s["suspicions"] for s in stats),
+            "refutations": sum(s["refutations"] for s in stats),
+            "false_deaths": false_deaths,
+            "partition_deaths": partition_deaths,
+            "bytes_per_node_s": round(sent / cfg.nodes / cfg.seconds, 1),
+            "max_health_score": max(h.membership.health_score for h in self.hosts),
+            "dropped": sum(sum(s["dropped"].values()) for s in stats),
+        }
+        if self.partitioned and self.partitioned[-1][1] != math.inf:
+            result["heal_repair_s"] = self._heal_repair()
+        if self.drones:
+            result.update(self._dedup_figures())
+        return result
+
+    def _heal_repair(self) -> float | None:
+        """Seconds from the heal until every live member sees every other live member alive again."""
+        heal = self.partitioned[-1][1]
+        live = [h for h in self.hosts if h.alive]
+        live_names = {h.membership.local_name for h in live}
+        worst = 0.0
+        for host in live:
+            view: dict[str, tuple[float, str]] = {}
+            for t, event in host.events:
+                if isinstance(event, MemberEvent):
+                    view[event.member.name] = (t, event.kind)
+            for other in live_names - {host.membership.local_name}:
+                member = host.membership.member(other)
+                if member is None or member.state is not MemberState.ALIVE:
+                    return None
+                t, _ = view.get(other, (0.0, ""))
+                worst = max(worst, t - heal)
+        return round(worst, 3)
+
+    def _dedup_figures(self) -> dict:
+        cfg = self.cfg
+        window = cfg.dedup.window_s
+        reports: dict[int, list[float]] = {}
+        for drone in self.drones:
+            for t, obj in drone.reports:
+                nearest = min(range(len(self.targets)), key=lambda i: math.hypot(
+                    self.targets[i][0] - obj.east_m, self.targets[i][1] - obj.north_m))
+                te, tn = self.targets[nearest]
+                if math.hypot(te - obj.east_m, tn - obj.north_m) <= cfg.dedup.radius_m:
+                    reports.setdefault(nearest, []).append(t)
+        multi = [t for t, sightings in self.first_seen.items() if len({n for _, n in sightings}) >= 2]
+        duplicates = 0
+        for t in multi:
+            times = sorted(reports.get(t, []))
+            duplicates += sum(1 for a, b in zip(times, times[1:]) if b - a <= window)
+        # An episode starts when a target is seen after going unseen for a window (dedup state has expired);
+        # its latency runs from that sighting to the first fleet report of the target.
+        latencies: list[float] = []
+        missed = 0
+        for t, sightings in self.first_seen.items():
+            times = sorted(reports.get(t, []))
+            previous = -math.inf
+            for seen_at, _ in sightings:
+                if seen_at - previous > window:
+                    later = [r for r in times if r >= seen_at - 1e-9]
+                    if later and later[0] - seen_at <= window:
+                        latencies.append(later[0] - seen_at)
+                    else:
+                        missed += 1
+                previous = seen_at
+        recall = len(reports) / len(self.first_seen) if self.first_seen else None
+        return {
+            "targets_seen": len(self.first_seen),
+            "targets_seen_by_2plus": len(multi),
+            "fleet_reports": sum(len(v) for v in reports.values()),
+            "duplicate_reports": duplicates,
+            "duplicate_ratio": round(duplicates / len(multi), 4) if multi else None,
+            "dedup_added_latency_s": round(statistics.median(latencies), 3) if latencies else None,
+            "dedup_added_latency_max_s": round(max(latencies), 3) if latencies else None,
+            "object_recall": None if recall is None else round(recall, 3),
+            "unreported_episodes": missed,
+        }
+
+
+def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
+    parser = argparse.ArgumentParser(prog="python -m swarm.sim", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--loss", type=float, default=0.1, help="datagram loss probability (0..1)")
+    parser.add_argument("--seconds", type=float, default=300.0, help="simulated seconds")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--latency-ms", type=float, default=2.0)
+    parser.add_argument("--jitter-ms", type=float, default=4.0)
+    parser.add_argument("--kill-at", type=float, default=None,
+                        help="kill one member at this simulated second (default: a third in; 0: no kill)")
+    parser.add_argument("--partition-at", type=float, default=None, help="cut the swarm in two halves then")
+    parser.add_argument("--heal-at", type=float, default=None, help="heal the partition then")
+    parser.add_argument("--starve", type=int, default=0, help="members whose CPU stalls (timers fire late)")
+    parser.add_argument("--no-drones", action="store_true", help="membership only, no targets and dedup")
+    parser.add_argument("--hold-s", type=float, default=0.0, help="dedup hold time")
+    parser.add_argument("--suspicion-mult", type=int, default=None, help="override SwarmTiming.suspicion_mult")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.nodes < 2:
+        parser.error("--nodes: at least 2")
+    if not 0 <= args.loss < 1:
+        parser.error("--loss: within [0, 1)")
+    if args.seconds <= 0:
+        parser.error("--seconds: must be > 0")
+    if args.heal_at is not None and (args.partition_at is None or args.heal_at <= args.partition_at):
+        parser.error("--heal-at: needs --partition-at before it")
+    timing = SwarmTiming()
+    if args.suspicion_mult is not None:
+        timing = replace(timing, suspicion_mult=args.suspicion_mult)
+    kill_at = args.seconds / 3 if args.kill_at is None else (args.kill_at or None)
+    cfg = SimConfig(nodes=args.nodes, loss=args.loss, seconds=args.seconds, seed=args.seed,
+                    latency_s=args.latency_ms / 1000, jitter_s=args.jitter_ms / 1000, kill_at=kill_at,
+                    partition_at=args.partition_at, heal_at=args.heal_at, starve=args.starve,
+                    drones=not args.no_drones, timing=timing, dedup=DedupConfig(hold_s=args.hold_s))
+    return cfg, args.json
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, out = _parse(argv)
+    result = SwarmSim(cfg).run()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
