@@ -1,0 +1,57 @@
+"""swarm-bench in a short form: 4 real members (namespaces where root allows, else loopback), and serf beside them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hil import netlab
+from hil.swarm_bench import METRICS, format_table, ratios, run_swarm_bench
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"probe_interval_s": 0.2, "probe_timeout_s": 0.1, "gossip_interval_s": 0.05, "suspicion_mult": 3,
+        "push_pull_interval_s": 2.0, "join_retry_s": 0.3, "tcp_timeout_s": 1.0}
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_short_bench_measures_both_sides_and_tears_down():
+    before = set(netlab.list_namespaces())
+    result = run_swarm_bench(4, 0.0, 1.0, timing=FAST, with_serf=shutil.which("serf") is not None,
+                             join_timeout_s=30, detect_timeout_s=30)
+    ours = result["edgerun"]
+    assert set(ours) == set(METRICS)
+    assert ours["full_membership_s"] is not None and ours["detect_max_s"] is not None
+    assert ours["detect_p50_s"] <= ours["detect_max_s"]
+    assert ours["false_deaths"] == 0
+    assert ours["bytes_per_node_s"] > 0 and ours["cpu_percent_per_node"] is not None
+    if result["mode"] == "loopback":
+        assert any("loopback" in note for note in result["notes"])
+    if "serf" in result:
+        assert result["serf"]["detect_max_s"] is not None and result["serf"]["bytes_per_node_s"] is not None
+        assert set(result["ratios"]) == set(METRICS)
+    assert "edgerun/serf" in format_table(result)
+    assert set(netlab.list_namespaces()) == before  # nothing left behind
+
+
+def test_ratios_skip_missing_and_zero_anchors():
+    got = ratios({"full_membership_s": 1.0, "false_deaths": 0, "suspicions": 3},
+                 {"full_membership_s": 2.0, "false_deaths": 0, "suspicions": None})
+    assert got["full_membership_s"] == 0.5 and got["false_deaths"] is None and got["suspicions"] is None
+
+
+def test_cli_rejects_bad_arguments_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hil", "swarm-bench", "--nodes", "2", "--json",
+                           str(tmp_path / "x.json")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("hil swarm-bench: swarm-bench needs at least 3 nodes")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+    proc = subprocess.run([sys.executable, "-m", "hil", "swarm-bench", "--timing", "[1]"], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 2 and "--timing must be a JSON object" in proc.stderr
+
