@@ -118,3 +118,17 @@ def test_round_trip_against_replay_homography() -> None:
         np.testing.assert_allclose(back[:, :2] / back[:, 2:], pixels[ok], atol=1e-6)
         checked += int(ok.sum())
     assert checked > 5000
+
+
+def test_geo_bench_short_form(blazeface_bundle) -> None:
+    """BlazeFace over 150 replay frames: projected faces land within centimetres of the truth (exact poses)."""
+    import asyncio
+
+    from edgerun.bench.geo import run_geo_bench
+
+    result = asyncio.run(run_geo_bench(frames=150, seed=1, bundle=str(blazeface_bundle.root)))
+    matched = result["matched"]
+    assert result["frames"] == 150 and matched["count"] >= 30
+    assert matched["median_m"] < 0.3 and matched["p90_m"] < 0.6
+    assert matched["within_2_sigma"] >= 0.9  # the stated uncertainty covers the error
+    assert result["truth_boxes"]["median_m"] < 0.2
