@@ -495,8 +495,11 @@ def test_bench_sinks_short_form() -> None:
     assert set(result["sinks"]) == {"mqtt_qos0", "mqtt_qos1", "dds"}
     for name, r in result["sinks"].items():
         assert r["publish_batches_per_s"] > 0 and r["sustained_batches_per_s"] > 0, name
-        assert r["latency_ms_p50"] is not None and r["latency_ms_p99"] >= r["latency_ms_p50"], name
-    assert result["sustained_batches_per_s"]["dds"] == result["sinks"]["dds"]["sustained_batches_per_s"]
+        assert r["latency_ms_p50"] is not None and r["latency_ms_p50"] > 0, name  # receipts matched to sends
+        assert r["latency_delivered_fraction"] > 0.5, name
+    stall = result["dds_stall"]  # the stalled reader costs nothing but counted drops
+    assert stall["submitted"] > 0 and stall["sent"] + stall["dropped"] == stall["submitted"]
+    assert stall["loop_wakeups"] > 0
     assert format_table(result).count("\n") == 3
 
 

@@ -173,11 +173,11 @@ def test_sigterm_exits_zero_and_flushes_frames_in_flight(node):
     n = node()
     n.recv_notify("READY=1")
     time.sleep(1.0)
-    t0 = time.monotonic()
     n.proc.send_signal(signal.SIGTERM)
     assert n.proc.wait(10) == 0
-    assert time.monotonic() - t0 < 2.0 + 0.5  # 2 s budget, plus process teardown on a loaded CI box
     log = n.stderr_path.read_text()
+    # Inside its budget (service.shutdown_timeout_s): the drain ended by itself, not on the node's deadline.
+    assert "did not drain" not in log and "Traceback" not in log
     summary = json.loads(log.split("stopped: ", 1)[1].splitlines()[0])
     written = n.lines()
     # Every batch the node handed to its sinks is in the file, and every captured frame is accounted for.
@@ -224,9 +224,10 @@ def test_corrupt_model_is_one_clear_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "edgerun", "run", "-c", str(cfg)], capture_output=True, text=True, timeout=60
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a person must fix the model: systemd does not restart it in a loop
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"edgerun: error: {bundle / 'model.tflite'}: not a loadable TFLite model")
+    assert "WARNING" not in proc.stderr  # no warning line before it repeating the error
     assert "Traceback" not in proc.stderr
 
 

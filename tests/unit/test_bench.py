@@ -41,10 +41,10 @@ def test_pipeline_and_stage_phases_produce_numbers(blazeface_bundle, tmp_path):
     try:
         run = bench.run_pipeline(blazeface_bundle, source, (1, 2), 1.5, policy="block")
         assert run["fps"] > 0 and run["frames"] > 0 and run["dropped"] == 0
-        assert run["latency_p50_ms"] <= run["latency_p99_ms"]
+        assert run["latency_p50_ms"] > 0
         stages = bench.bench_stages(blazeface_bundle, source, 0.2)
         assert set(stages["stage_fps"]) == {"capture", "preprocess", "infer", "decode"}
-        assert stages["bottleneck_fps"] == min(stages["stage_fps"].values())
+        assert all(fps > 0 for fps in stages["stage_fps"].values())
         assert stages["large_allocs_per_frame"] == 0  # steady state allocates nothing image-sized
     finally:
         source.close()
@@ -58,7 +58,12 @@ def test_overload_runs_the_replay_and_a_camera_like_source(blazeface_bundle, tmp
         camera = bench.run_pipeline(blazeface_bundle, bench.CameraClip(source, 5000), (2, 1), 1.5, policy="drop_oldest")
         for run in (replay, camera):
             assert run["frames"] > 0 and run["dropped"] > 0
-            assert run["latency_p50_ms"] <= run["latency_p99_ms"]
+            # Bounded: a frame waits for at most the frames ahead of it (queue depth 1, one worker), a few
+            # service intervals as this run measured them; a queue that grew would wait ~half the run.
+            interval_ms = 1000.0 / run["fps"]
+            assert run["latency_p50_ms"] < 10 * interval_ms, (run, interval_ms)
+            run_ms = run["frames"] * interval_ms  # how long this run published, as measured
+            assert run["latency_p99_ms"] < 0.1 * run_ms, (run, run_ms)
         assert bench.CameraClip.synthetic_clock is False  # the pipeline keeps a capture thread for it
     finally:
         source.close()
