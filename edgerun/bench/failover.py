@@ -16,6 +16,11 @@ One run measures, side by side on this machine:
 * **the watched-call overhead**: the pipeline on the same engine called
   directly and through the failover's worker thread, and the bare hand-off
   round trip in microseconds.
+* **overload latency behind a serial engine**: a camera faster than a 20 ms
+  engine that takes one call at a time (as every accelerator does), flow
+  control ``drop_oldest``, with 1, 2 and 4 workers: end-to-end p50/p99 from
+  capture to batch. A worker holds one of the engine's call slots before it
+  takes a frame, so more workers must not mean older frames.
 
 The "accelerator" is the real CPU TFLite engine behind ``FaultInjectingEngine``
 (it reports no CPU threads, as a real accelerator does, so the pipeline runs
@@ -37,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.bench.pipeline import clip_dir, node_layout, open_clip, resolve_bundle, timed_rate
+from edgerun.bench.pipeline import CameraClip, clip_dir, node_layout, open_clip, resolve_bundle, timed_rate
 from edgerun.engines.base import EngineOptions
 from edgerun.engines.failover import Failover, FailoverSettings
 from edgerun.engines.tflite import TFLiteEngine
@@ -53,6 +58,9 @@ from edgerun.types import DetectionBatch
 
 QUEUE_DEPTH = 1
 ACCEL = "accel"
+SERIAL_DELAY_S = 0.020  # the serial "accelerator" of the overload phase: 20 ms a call
+SERIAL_WORKERS = (1, 2, 4)
+CAMERA_FPS = 120.0  # well above the 50 fps a 20 ms engine can take: the pipeline is overloaded
 LOST_REASONS = ("engine_error", "engine_hang", "failover")
 
 
@@ -290,6 +298,50 @@ def bench_fallback_throughput(
     return fps
 
 
+def bench_serial_overload(bundle: ModelBundle, clip: Source, workers: int, seconds: float) -> dict[str, Any]:
+    """End-to-end latency (capture to batch) of an overloaded pipeline behind a 20 ms serial engine."""
+    inner = _open_tflite(bundle, 1)
+    engine = FaultInjectingEngine(
+        inner, FaultPlan(delay_s=SERIAL_DELAY_S), key=ACCEL, cpu_threads=0, concurrent_calls=1
+    )
+    camera = CameraClip(clip, CAMERA_FPS)
+    camera.open()
+    runtime = build_runtime(bundle, engine, (camera.width, camera.height))
+    lock = threading.Lock()
+    stamps: list[tuple[float, float]] = []
+
+    def on_batch(batch: DetectionBatch) -> None:
+        now = time.monotonic()
+        with lock:
+            stamps.append((now, now - batch.meta.t_capture))
+
+    pipeline = Pipeline(
+        node_id="bench",
+        source=camera,
+        runtime=runtime,
+        on_batch=on_batch,
+        settings=PipelineSettings(queue_depth=QUEUE_DEPTH, policy="drop_oldest", workers=workers),
+    )
+    pipeline.start()
+    try:
+        time.sleep(min(1.0, seconds / 4))  # warm-up
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        t1 = time.monotonic()
+    finally:
+        pipeline.stop()
+        pipeline.join(10.0)
+        engine.close()
+    with lock:
+        window = [(t, lat) for t, lat in stamps if t0 <= t <= t1]
+    latencies = [lat for _, lat in window]
+    return {
+        "workers": workers,
+        "fps": round(len(window) / (t1 - t0), 2),
+        **{k: v for k, v in _percentiles(latencies).items() if k != "max_ms"},
+    }
+
+
 def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: int = 3) -> dict[str, Any]:
     bundle = resolve_bundle(model)
     threads = os.cpu_count() or 1
@@ -343,6 +395,10 @@ def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: 
         result["watched_call_overhead_pct"] = round(100.0 * overhead, 2)
         result["rounds"] = rounds
         result.update(bench_faults(bundle, source, threads, repeats, hang_deadline_s=0.0))
+        result["serial_engine_ms"] = SERIAL_DELAY_S * 1000.0
+        result["serial_overload"] = {
+            str(n): bench_serial_overload(bundle, source, n, phase) for n in SERIAL_WORKERS
+        }
         source.close()
     result["targets"] = {
         "exception_failover_p99_le_100ms": result["exception_failover"]["p99_ms"] <= 100.0,
@@ -350,6 +406,10 @@ def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: 
         "lost_le_in_flight": max(result["exception_lost_per_failover"]["max"], result["hang_lost_per_failover"]["max"])
         <= result["frames_in_flight"],
         "fallback_ge_0.85_bare": result["fallback_vs_bare"] >= 0.85,
+        # More workers behind a serial engine must not age frames: p50 at the most workers within
+        # 1.25 x the p50 at one (one engine call is 20 ms; queueing behind the lock adds a call a worker).
+        "serial_p50_flat_in_workers": result["serial_overload"][str(SERIAL_WORKERS[-1])]["p50_ms"]
+        <= 1.25 * result["serial_overload"][str(SERIAL_WORKERS[0])]["p50_ms"],
     }
     return result
 

@@ -37,6 +37,7 @@ import numpy as np
 from edgerun.decoders.base import Decoder
 from edgerun.engines.base import Engine
 from edgerun.errors import SourceError
+from edgerun.pipeline.admission import EngineSlots
 from edgerun.pipeline.pool import BLOCK, DROP_NEWEST, FramePool, FrameSlot, Handoff
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preprocess import Preprocessor
@@ -44,6 +45,9 @@ from edgerun.sources.base import Source
 from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
+
+# How long finished batches wait, at most, for an earlier frame whose call has not returned.
+ORDER_WAIT_S = 5.0
 
 
 
@@ -99,6 +103,12 @@ class PipelineSettings:
     # Frames worked on at once: fused workers, or infer threads in the separate layout.
     # 0: as many as the engine takes concurrent calls (its CPU replicas).
     workers: int = 0
+    # Later batches wait at most this long for a frame whose call has not returned (see InOrder).
+    order_wait_s: float = ORDER_WAIT_S
+
+
+def _concurrent_calls(runtime: ModelRuntime) -> int:
+    return max(1, int(getattr(runtime.engine, "concurrent_calls", 1)))
 
 
 def engine_cpu_threads(engine: object) -> int:
@@ -163,34 +173,89 @@ class InOrder:
     Several workers finish frames out of order; consumers (trackers, gossip
     dedup, anyone reading the JSONL) expect frame order. Every frame that got a
     ticket must be finished, with ``None`` when it was lost.
+
+    The wait for a frame is bounded: a call that never returns (the CPU last
+    resort has no hang deadline) must not hold every later batch forever. When
+    a later frame finishes while the oldest outstanding one has been out for
+    more than ``max_wait_s``, that one is given up (``on_overdue``, counted as
+    lost) and the batches behind it go on; if it finishes after all, its batch
+    is discarded. ``give_up`` hands on everything held (a shutdown that could
+    not drain). ``clock`` is injectable for tests.
     """
 
-    def __init__(self, emit: Callable[[DetectionBatch], None]) -> None:
+    def __init__(
+        self,
+        emit: Callable[[DetectionBatch], None],
+        *,
+        max_wait_s: float = ORDER_WAIT_S,
+        on_overdue: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._emit = emit
         self._lock = threading.Lock()
         self._next_ticket = 0
         self._issued = 0
         self._waiting: dict[int, DetectionBatch | None] = {}
+        self._taken_at: dict[int, float] = {}
+        self.max_wait_s = max_wait_s
+        self._on_overdue = on_overdue
+        self._clock = clock
+        self.overdue = 0
+        self.discarded = 0
 
     def ticket(self) -> int:
         """The next ticket; callers issue tickets from one thread or under their own lock."""
         ticket = self._issued
         self._issued += 1
+        self._taken_at[ticket] = self._clock()
         return ticket
 
     def finish(self, ticket: int, batch: DetectionBatch | None) -> None:
         with self._lock:
+            self._taken_at.pop(ticket, None)
+            if ticket < self._next_ticket:
+                self.discarded += 1  # given up on while it was out: already counted as lost
+                return
             if ticket != self._next_ticket:
                 self._waiting[ticket] = batch
+                self._give_up_overdue()
                 return
             if batch is not None:
                 self._emit(batch)
             self._next_ticket += 1
-            while self._next_ticket in self._waiting:  # the ones that finished early
-                held = self._waiting.pop(self._next_ticket)
-                if held is not None:
-                    self._emit(held)
-                self._next_ticket += 1
+            self._hand_on_held()
+            self._give_up_overdue()
+
+    def give_up(self) -> None:
+        """Hand on every held batch now, skipping the frames still out (they count as overdue)."""
+        with self._lock:
+            while self._waiting:
+                self._skip_head()
+                self._hand_on_held()
+
+    def _hand_on_held(self) -> None:
+        while self._next_ticket in self._waiting:  # the ones that finished early
+            held = self._waiting.pop(self._next_ticket)
+            if held is not None:
+                self._emit(held)
+            self._next_ticket += 1
+
+    def _give_up_overdue(self) -> None:
+        """Under the lock, with batches held: skip the head of the line while it is overdue."""
+        while self._waiting:
+            taken = self._taken_at.get(self._next_ticket)
+            if taken is None or self._clock() - taken <= self.max_wait_s:
+                return
+            self._skip_head()
+            self._hand_on_held()
+
+    def _skip_head(self) -> None:
+        ticket = self._next_ticket
+        self._taken_at.pop(ticket, None)
+        self._next_ticket += 1
+        self.overdue += 1
+        if self._on_overdue is not None:
+            self._on_overdue(ticket)
 
 
 class Snapshot:
@@ -244,8 +309,13 @@ class Pipeline:
         # Copies 0..workers-1 belong to the workers (fused) or infer threads; copy ``workers`` to the
         # preprocess and decode threads of the separate layout, which run beside them.
         self._stage_copy = self.workers
-        self._in_order = InOrder(lambda batch: self.on_batch(batch))  # on_batch may be replaced later
+        # on_batch may be replaced later, hence the lambda
+        self._in_order = InOrder(
+            lambda batch: self.on_batch(batch), max_wait_s=settings.order_wait_s, on_overdue=self._overdue
+        )
         self._take_lock = threading.Lock()  # fused workers take a frame and its ticket together
+        # A worker holds one of the serving engine's call slots before it takes a frame (see admission).
+        self.engine_slots = EngineSlots(_concurrent_calls(runtime), self.workers)
         self._running_workers = self.workers
         self._capture_done = False
         self._workers_lock = threading.Lock()
@@ -292,6 +362,7 @@ class Pipeline:
         """
         self.prepare(new)
         old, self.runtime = self.runtime, new
+        self.engine_slots.resize(_concurrent_calls(new))
         return old
 
     def prepare(self, runtime: ModelRuntime) -> None:
@@ -311,6 +382,14 @@ class Pipeline:
         for slot in self.pool.slots:
             slot.forget(old)
         return True
+
+    def _overdue(self, ticket: int) -> None:
+        """A frame's call has not returned in ``order_wait_s``: the batches behind it go on without it."""
+        self.stats.drop("infer", "overdue")
+        log.warning(
+            "a frame has been in inference for over %.1f s; later frames are published without it",
+            self.settings.order_wait_s,
+        )
 
     def _dropped_at(self, stage: str) -> Callable[[FrameSlot, str], None]:
         def on_drop(slot: FrameSlot, reason: str) -> None:
@@ -384,8 +463,12 @@ class Pipeline:
         self._stop.set()
 
     def join(self, timeout: float) -> bool:
-        """Wait for the frames in flight to drain; False if a stage did not finish in time."""
-        return self.finished.wait(timeout)
+        """Wait for the frames in flight to drain; False if a stage did not finish in time (what
+        finished behind a frame still out is handed on anyway)."""
+        if self.finished.wait(timeout):
+            return True
+        self._in_order.give_up()
+        return False
 
     # -- stages --------------------------------------------------------------
 
@@ -594,17 +677,23 @@ class Pipeline:
             out.close()
 
     def _infer_loop(self, worker: int) -> None:
-        inp, out = self._to_infer, self._to_decode
+        inp, out, slots = self._to_infer, self._to_decode, self.engine_slots
         try:
             while out.wait_for_room():
-                slot = inp.get()
-                if slot is None:
-                    break
-                if slot.whole:
-                    with self.stats.lock:
-                        self.whole_frames += 1
-                    self._whole_frame(slot, worker, bind=False)
-                elif self._infer_one(slot):
+                token = slots.acquire()
+                try:
+                    slot = inp.get()
+                    if slot is None:
+                        break
+                    if slot.whole:
+                        with self.stats.lock:
+                            self.whole_frames += 1
+                        self._whole_frame(slot, worker, bind=False)
+                        continue
+                    inferred = self._infer_one(slot)
+                finally:
+                    slots.release(token)
+                if inferred:
                     out.put(slot)
         finally:
             if self._last_worker_out():
@@ -647,14 +736,19 @@ class Pipeline:
         from the source, one reader at a time.
         """
         take = self._read_inline if self.inline_capture else self._to_preprocess.get
+        slots = self.engine_slots
         try:
             while True:
-                with self._take_lock:  # tickets in the order frames are taken
-                    slot = take()
-                    if slot is None:
-                        break
-                    slot.ticket = self._in_order.ticket()
-                self._whole_frame(slot, worker)
+                token = slots.acquire()
+                try:
+                    with self._take_lock:  # tickets in the order frames are taken
+                        slot = take()
+                        if slot is None:
+                            break
+                        slot.ticket = self._in_order.ticket()
+                    self._whole_frame(slot, worker)
+                finally:
+                    slots.release(token)
         finally:
             if self._last_worker_out():
                 self._to_preprocess.close()  # inline capture: nothing else closes it

@@ -29,7 +29,7 @@ from edgerun.engines.worker import EngineHang, EngineWorker
 from edgerun.errors import ConfigError
 from edgerun.models.bundle import load_bundle
 from edgerun.node import build_runtime, open_failover
-from edgerun.pipeline.runner import Pipeline, PipelineSettings
+from edgerun.pipeline.runner import FrameLost, Pipeline, PipelineSettings
 from edgerun.pipeline.serving import ServingController
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.service.health import Health
@@ -488,3 +488,18 @@ def test_engine_config_keys():
         parse_config({"engine": {"reprobe_min_s": 5.0, "reprobe_max_s": 1.0}})
     with pytest.raises(ConfigError, match=r"engine.order\[0\]: expected one of"):
         parse_config({"engine": {"order": ["cuda"]}})
+
+
+def test_close_closes_a_failed_lane_still_waiting_to_be_retired(blazeface_bundle, photo):
+    """A lane that failed just before shutdown (queued for the supervisor to retire) is closed by close()."""
+    plan = FaultPlan()
+    failover = accel_failover(blazeface_bundle, plan, (photo.shape[1], photo.shape[0]), FailoverSettings())
+    runtime = failover.start()  # not attached: no supervisor thread retires anything behind our back
+    accel = runtime.engine
+    assert isinstance(accel, FaultInjectingEngine) and failover.active_key == "accel"
+    plan.arm("raise")
+    with pytest.raises(FrameLost, match="engine_error"):
+        failover.infer(runtime, accel.allocate_input(), accel.allocate_outputs())
+    assert failover.active_key == "tflite" and not accel.closed
+    failover.close()
+    assert accel.closed

@@ -267,3 +267,167 @@ def test_separate_layout_takes_whole_frames_on_the_infer_threads_once_a_cpu_engi
         assert p.whole_frames >= 30
     else:
         assert p.whole_frames == 0  # an explicit layout is kept
+
+
+class SerialAccelerator(SlowEngine):
+    """Fault injection: the real engine made 10 ms slower, one call at a time and no CPU threads, as an
+    accelerator (TensorRT context, Edge TPU) is."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine, 0.01)
+        self.cpu_threads = 0
+        self.concurrent_calls = 1
+        self.inside = 0
+        self.most_inside = 0
+        self._count = threading.Lock()
+
+    def infer(self, tensor, outputs=None):
+        with self._count:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            return super().infer(tensor, outputs)
+        finally:
+            with self._count:
+                self.inside -= 1
+
+
+class WaitCountingLock:
+    """The runtime's serial lock, counting the workers that wait on it holding a frame."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = threading.Lock()
+        self.waiting = 0
+        self.most_waiting = 0
+
+    def __enter__(self):
+        if self._lock.acquire(blocking=False):
+            return self
+        with self._count:
+            self.waiting += 1
+            self.most_waiting = max(self.most_waiting, self.waiting)
+        self._lock.acquire()
+        with self._count:
+            self.waiting -= 1
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_workers_behind_a_serial_engine_take_a_frame_only_with_a_call_slot(blazeface_bundle, photo_dir):
+    # A camera faster than the engine, four workers, an engine that takes one call at a time.
+    p = make(
+        blazeface_bundle, photo_dir, loop=True, camera=True, policy="drop_oldest", workers=4, wrap=SerialAccelerator
+    )
+    assert not p.fused and p.workers == 4
+    waits = WaitCountingLock()
+    p.runtime.serial = waits
+    # The CPU fallback takes two calls at once: a failover to it must open a second slot.
+    cpu = engine_class("tflite")(blazeface_bundle.variant_path("tflite"), EngineOptions(num_threads=1, replicas=2))
+    cpu = SerialAccelerator(cpu)
+    cpu.concurrent_calls = 2
+    cpu_runtime = build_runtime(blazeface_bundle, cpu, (p.source.width, p.source.height))
+    got: list = []
+    p.on_batch = got.append
+    p.start()
+    deadline = time.monotonic() + 30
+    while len(got) < 40 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(got) >= 40
+    # No worker ever held a frame waiting for the engine: frames wait in flow control, where the
+    # freshest wins, not behind the engine's lock, where they age by one call per worker ahead.
+    assert waits.most_waiting == 0
+    assert p.runtime.engine.most_inside == 1
+    p.swap_runtime(cpu_runtime)
+    before = len(got)
+    while len(got) < before + 60 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.stop()
+    assert p.join(10)
+    assert len(got) >= before + 60
+    assert cpu.most_inside == 2  # both replicas were kept busy after the switch
+    seqs = [b.meta.seq for b in got]
+    assert seqs == sorted(seqs)
+
+
+
+def test_in_order_gives_up_on_a_frame_whose_call_never_returns():
+    now = [0.0]
+    emitted: list = []
+    overdue: list[int] = []
+    order = InOrder(emitted.append, max_wait_s=5.0, on_overdue=overdue.append, clock=lambda: now[0])
+    tickets = [order.ticket() for _ in range(4)]
+    assert tickets == [0, 1, 2, 3]
+    now[0] = 1.0
+    order.finish(1, "b1")
+    now[0] = 4.9
+    order.finish(2, "b2")
+    assert emitted == [] and overdue == []  # 0 has been out for 4.9 s: still waited for
+    now[0] = 5.1
+    order.finish(3, "b3")
+    assert overdue == [0] and order.overdue == 1  # out for over 5 s: the batches behind it go on
+    assert emitted == ["b1", "b2", "b3"]
+    order.finish(0, "b0")  # the call returned after all: too late, its batch goes nowhere
+    assert emitted == ["b1", "b2", "b3"] and order.discarded == 1
+    t4, t5 = order.ticket(), order.ticket()
+    order.finish(t5, "b5")
+    assert emitted == ["b1", "b2", "b3"]  # a fresh frame is waited for as usual
+    order.finish(t4, "b4")
+    assert emitted == ["b1", "b2", "b3", "b4", "b5"]
+
+
+def test_in_order_give_up_hands_on_what_is_held():
+    emitted: list = []
+    order = InOrder(emitted.append)
+    for _ in range(3):
+        order.ticket()
+    order.finish(2, "b2")
+    order.give_up()  # a shutdown that could not drain: 0 and 1 are still out
+    assert emitted == ["b2"] and order.overdue == 2
+
+
+class OneCallHangs(SlowEngine):
+    """Fault injection: the real CPU engine (two replicas) whose 10th call blocks until released, as a
+    wedged CPU last resort would (it has no hang deadline)."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine, 0.0)
+        self.concurrent_calls = engine.concurrent_calls
+        self.release = threading.Event()
+        self.hung = threading.Event()
+        self._calls = itertools.count()
+
+    def infer(self, tensor, outputs=None):
+        if next(self._calls) == 10:
+            self.hung.set()
+            self.release.wait()
+        return self._engine.infer(tensor, outputs)
+
+
+def test_a_call_that_never_returns_does_not_hold_later_batches_forever(blazeface_bundle, photo_dir):
+    p = make(
+        blazeface_bundle, photo_dir, loop=True, policy="block", stage_threads="fused", replicas=2,
+        wrap=OneCallHangs, order_wait_s=0.3,
+    )
+    engine = p.runtime.engine
+    got: list = []
+    p.on_batch = got.append
+    p.start()
+    try:
+        assert engine.hung.wait(30)
+        at_hang = len(got)
+        deadline = time.monotonic() + 30
+        while len(got) < at_hang + 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # The other worker's batches go on once the hung frame is overdue, still in frame order.
+        assert len(got) >= at_hang + 20
+        assert p.stats.dropped[("infer", "overdue")] == 1
+    finally:
+        engine.release.set()
+        p.stop()
+        assert p.join(10)
+    seqs = [b.meta.seq for b in got]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+    assert p.stats.captured == len(got) + p.stats.dropped_total  # the late result was discarded, counted once
