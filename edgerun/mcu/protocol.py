@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import ClassVar
 
 import crc32c as _crc32c
 from cobs import cobs
@@ -250,7 +250,7 @@ class Ack:
     nack: bool = False
 
     @property
-    def TYPE(self) -> MsgType:  # noqa: N802 - same attribute as the other messages
+    def TYPE(self) -> MsgType:
         return MsgType.NACK if self.nack else MsgType.ACK
 
     def payload(self) -> bytes:
@@ -266,7 +266,7 @@ class Ack:
         return f"{word} type={self.acked_type} reason={self.reason} seq={self.acked_seq} value={self.value}"
 
 
-Message = Union[Hello, Detection, Heartbeat, Log, OtaBegin, OtaChunk, OtaEnd, Ack]
+Message = Hello | Detection | Heartbeat | Log | OtaBegin | OtaChunk | OtaEnd | Ack
 
 # Payload lengths each type accepts: an exact size, or (min, max).
 _LENGTHS: dict[int, int | tuple[int, int]] = {

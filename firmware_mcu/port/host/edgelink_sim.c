@@ -1,7 +1,8 @@
 /*
  * edgelink-sim: a stand-in MCU on the host. It speaks edgelink on stdin/stdout or on a pty it
  * creates (its slave path is printed as "PTY <path>"), keeps its model slots in a file, streams
- * synthetic detections at a set rate, paced to a baud rate, and takes signed model updates.
+ * synthetic detections at a set rate once the host has sent HELLO, paced to a baud rate, and takes
+ * signed model updates.
  *
  *   edgelink-sim --storage FILE [--key PUBKEY.pub]... [--pty] [--rate N] [--count N] [--baud N]
  *                [--device-id N] [--slot-size N] [--heartbeat-ms N] [--power-cut-after N]
@@ -37,6 +38,7 @@ typedef struct {
     size_t head, used;
     uint16_t seq;
     double tokens, bytes_per_s;
+    int host_ready; /* the host said HELLO: stream detections from now on */
     double last_refill;
     uint32_t device_id;
     el_heartbeat hb;
@@ -211,6 +213,7 @@ static void handle_frame(sim *s, const el_frame *f)
     }
     switch (m.type) {
     case EL_MSG_HELLO:
+        s->host_ready = 1;
         send_hello(s);
         break;
     case EL_MSG_OTA_BEGIN:
@@ -555,7 +558,10 @@ int main(int argc, char **argv)
     send_hello(&s);
     while (!stopping) {
         t = now_s();
-        while (rate > 0 && s.hb.detections_sent + s.hb.detections_dropped < count && t >= next_det) {
+        if (!s.host_ready) {
+            next_det = t; /* a host opening the port flushes what was queued before: wait for its HELLO */
+        }
+        while (rate > 0 && s.host_ready && s.hb.detections_sent + s.hb.detections_dropped < count && t >= next_det) {
             memset(&m, 0, sizeof m);
             m.type = EL_MSG_DETECTION;
             m.u.detection.timestamp_ms = (uint32_t)((next_det - start) * 1000.0);
