@@ -22,7 +22,15 @@ claim replaces a queued older one) and publishes what ``tick`` returns.
   claims can arrive; 0 reports at once and suppresses later copies.
 
 Everything expires ``window_s`` after it was last seen or heard, and every table
-has a cap, so memory is bounded under any input.
+has a cap, so memory is bounded under any input. A peer's unreported claim that
+goes unheard for ``peer_silence_s`` (its node died or is cut off) is dropped
+sooner, so another node takes the object over; the driver may call
+``forget_node`` on the membership's dead/leave events to do it at once, and
+``resend_claims`` on join and alive events (gossip reaches only the members of
+its moment; a late joiner or a healed side learns older claims from these).
+
+Times in claims are wall-clock (``wall``: nodes' monotonic clocks differ); the
+expiry of local state uses the monotonic ``now``.
 """
 
 from __future__ import annotations
@@ -52,9 +60,12 @@ class DedupConfig:
     min_hits: int = 1  # fixes a track needs before it claims anything
     claim_min_interval_s: float = 2.0  # a changed claim is gossiped at most this often ...
     claim_refresh_s: float = 15.0  # ... and unchanged ones this often, so healed partitions and late joiners learn it
+    # A peer's unreported claim not heard for this long is dropped (its node is gone or cut off): another node
+    # may then own the object. Reported claims are kept for window_s, so they still suppress copies.
+    peer_silence_s: float = 45.0
     max_tracks: int = 256
-    max_claims_per_node: int = 128
-    max_nodes: int = 128
+    max_claims_per_node: int = 64
+    max_nodes: int = 64
     max_payload_bytes: int = 256
 
 
@@ -315,6 +326,8 @@ class Dedup:
         self._outbox: dict[bytes, bytes] = {}
         self._next_track = 0
         self._now = now
+        self._changed = True  # claims or tracks changed since the last grouping
+        self._waiting: frozenset[int] = frozenset()  # own tracks left undecided by the last grouping
 
     # inputs
 
@@ -322,11 +335,13 @@ class Dedup:
         """This node's ground fixes of one frame: each joins its nearest live track of its class, or starts one."""
         self._now = now
         cfg = self.cfg
+        if fixes:
+            self._changed = True
         live = [t for t in self._tracks.values() if now - t.last_fix <= cfg.track_timeout_s]
         pairs: list[tuple[float, int, int]] = []
         valid: list[Observation] = []
         for fix in fixes:
-            if not (math.isfinite(fix.east_m) and math.isfinite(fix.north_m) and math.isfinite(fix.sigma_m)):
+            if not all(math.isfinite(v) for v in (fix.east_m, fix.north_m, fix.sigma_m, fix.score)):
                 self.stats.drop("fix_not_finite")
                 continue
             if not 1 <= len(fix.label) <= 32 or abs(fix.east_m) > 2e8 or abs(fix.north_m) > 2e8:
@@ -383,6 +398,7 @@ class Dedup:
         if claims is None:
             if len(self._peers) >= self.cfg.max_nodes:
                 _, evicted = self._peers.popitem(last=False)
+                self._changed = True
                 for _ in evicted:
                     self.stats.drop("node_cap")
             claims = self._peers[claim.node] = {}
@@ -395,7 +411,10 @@ class Dedup:
         if held is None and len(claims) >= self.cfg.max_claims_per_node:
             oldest = min(claims.values(), key=lambda h: (h.heard, h.claim.last_ms, h.claim.track))
             del claims[oldest.claim.track]
+            self._changed = True
             self.stats.drop("claim_cap")
+        if held is None or held.claim != claim:
+            self._changed = True
         claims[claim.track] = _Held(claim, now)
 
     def resend_claims(self) -> None:
@@ -407,7 +426,8 @@ class Dedup:
 
     def forget_node(self, node: str) -> None:
         """Drop a peer's claims at once (it died or left): another node may then own its objects."""
-        self._peers.pop(node, None)
+        if self._peers.pop(node, None) is not None:
+            self._changed = True
 
     # outputs
 
@@ -417,13 +437,19 @@ class Dedup:
         self._expire(now)
         cfg = self.cfg
         own = {t.id: t for t in self._tracks.values() if t.hits >= cfg.min_hits}
+        undecided = [t for t in own.values() if not t.reported and now - t.created >= cfg.hold_s]
+        reports: list[FleetObject] = []
+        waiting = frozenset(t.id for t in undecided)
+        if not undecided or (not self._changed and waiting == self._waiting):
+            self._queue_claims(own.values(), now)  # nothing new to group: the common case
+            return reports
+        self._changed = False
         claims = [t.to_claim(self.node_id) for t in own.values()]
         claims.extend(h.claim for peer in self._peers.values() for h in peer.values())
         index = _ClaimIndex(claims, cfg)
         by_key = {c.key: c for c in claims}
-        reports: list[FleetObject] = []
-        for track in own.values():
-            if track.reported or now - track.created < cfg.hold_s:
+        for track in undecided:
+            if track.reported:  # decided above in this tick, with another track of its object
                 continue
             members = index.group(by_key[(self.node_id, track.id)])
             if any(c.reported for c in members):
@@ -438,6 +464,7 @@ class Dedup:
             for c in members:
                 if c.node == self.node_id:
                     own[c.track].reported = True
+        self._waiting = frozenset(t.id for t in undecided if not t.reported)
         self._queue_claims(own.values(), now)
         return reports
 
@@ -448,17 +475,22 @@ class Dedup:
         return out
 
     def get_timer(self) -> float | None:
-        """The next time ``tick`` has something to do (a hold ending, a claim refresh, an expiry)."""
+        """The next time ``tick`` has something to do (a hold ending, a claim refresh, an expiry).
+
+        A track waiting for a peer to report its object has no deadline of its own: the peer's
+        claim (``receive``) or its expiry moves it on.
+        """
         cfg = self.cfg
         times = []
         for t in self._tracks.values():
-            if not t.reported and t.hits >= cfg.min_hits:
+            if not t.reported and t.hits >= cfg.min_hits and t.created + cfg.hold_s > self._now:
                 times.append(t.created + cfg.hold_s)
             if t.claim is not None:
                 times.append(t.sent_at + cfg.claim_refresh_s)
             times.append(t.last_fix + cfg.window_s)
+        silence = min(cfg.window_s, cfg.peer_silence_s)
         for peer in self._peers.values():
-            times.extend(h.heard + cfg.window_s for h in peer.values())
+            times.extend(h.heard + (cfg.window_s if h.claim.reported else silence) for h in peer.values())
         return min(times) if times else None
 
     # state
@@ -537,10 +569,13 @@ class Dedup:
         window = self.cfg.window_s
         for tid in [tid for tid, t in self._tracks.items() if now - t.last_fix > window]:
             del self._tracks[tid]
+            self._changed = True
         for node in list(self._peers):
             claims = self._peers[node]
-            for track in [k for k, h in claims.items() if now - h.heard > window]:
+            silence = min(window, self.cfg.peer_silence_s)
+            for track in [k for k, h in claims.items() if now - h.heard > (window if h.claim.reported else silence)]:
                 del claims[track]
+                self._changed = True
             if not claims:
                 del self._peers[node]
 

@@ -269,8 +269,23 @@ def test_a_dead_owner_hands_over_when_its_claims_are_forgotten() -> None:
     b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
     exchange(a, b, now=0.1)
     assert b.tick(1.0, WALL0 + 1.0) == []  # a comes first in the order
-    b.forget_node("a")  # a died before reporting
+    b.forget_node("a")  # a died before reporting (the membership's dead event)
     assert [o.owner for o in b.tick(1.1, WALL0 + 1.1)] == ["b"]
+
+
+def test_a_silent_owner_hands_over_after_peer_silence() -> None:
+    cfg = DedupConfig(hold_s=0.5, claim_refresh_s=5.0, peer_silence_s=15.0, window_s=60.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
+    b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
+    exchange(a, b, now=0.0)
+    reported = []
+    for step in range(1, 200):  # a falls silent; b keeps seeing the object now and then
+        t = step * 0.1
+        if step % 10 == 0:
+            b.observe([face(1.0, 1.0, score=0.5)], t, WALL0 + t)
+        reported += [(t, o.owner) for o in b.tick(t, WALL0 + t)]
+    assert len(reported) == 1 and reported[0][1] == "b" and 15.0 < reported[0][0] <= 15.2
 
 
 def test_state_expires_after_the_window() -> None:
@@ -315,3 +330,24 @@ def test_memory_is_bounded_under_a_flood() -> None:
     assert node.stats.dropped.get("node_cap", 0) + node.stats.dropped.get("claim_cap", 0) + node.claims_held == 5000
     assert node.stats.tracks_evicted == 2000 - 50
     assert len(node.outgoing()) <= 50
+
+
+def test_timer_names_the_hold_deadline_and_never_the_past_while_waiting_for_a_peer() -> None:
+    cfg = DedupConfig(hold_s=2.0, claim_refresh_s=15.0, window_s=60.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
+    b.tick(0.0, WALL0)
+    assert b.get_timer() == 2.0  # the hold ends
+    a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
+    exchange(a, b, now=0.0)
+    assert b.tick(2.0, WALL0 + 2.0) == []  # a comes first: b waits for a's report
+    timer = b.get_timer()
+    assert timer is not None and timer > 2.0  # the next refresh, not a deadline already passed
+    assert timer == 15.0
+
+
+def test_fixes_that_are_not_numbers_are_dropped() -> None:
+    node = Dedup("a", now=0.0)
+    nan = float("nan")
+    node.observe([face(nan, 1.0), Observation("face", 1.0, 1.0, 0.5, nan), Observation("", 1.0, 1.0, 0.5, 0.5)], 0, 0)
+    assert node.tracks == 0 and node.stats.dropped == {"fix_not_finite": 2, "fix_invalid": 1}
