@@ -193,3 +193,42 @@ def test_pose_config_section() -> None:
         parse_config({"source": {"pose": {"origin": [147.0, 8.0]}}})
     with pytest.raises(ConfigError, match=r"^source\.pose\.kind: expected one of 'none', 'mavlink', got 'gps'"):
         parse_config({"source": {"pose": {"kind": "gps"}}})
+
+
+def test_serial_link_reads_a_pty() -> None:
+    """The serial path through pyserial-asyncio-fast, on a pseudo-terminal standing in for the autopilot's UART."""
+    pytest.importorskip("serial_asyncio_fast")
+    import os
+
+    master, slave = os.openpty()
+    tx = mavlink.MAVLink(None, srcSystem=1, srcComponent=1)
+
+    async def main() -> None:
+        source = MavlinkPoseSource(PoseConfig(kind="mavlink", url=f"{os.ttyname(slave)},57600"))
+        await source.start()
+        try:
+            os.write(master, tx.global_position_int_encode(0, round(LAT0 * 1e7), round(LON0 * 1e7), 0, 12_000,
+                                                            0, 0, 0, 0).pack(tx))  # fmt: skip
+            os.write(master, tx.attitude_encode(0, 0.0, 0.0, math.radians(-45.0), 0.0, 0.0, 0.0).pack(tx))
+            await until(lambda: source.stats["messages"] == 2, "two messages over the pty")
+            pose = source.latest(time.monotonic())
+            assert pose is not None and pose.up_m == 12.0 and pose.yaw_deg == pytest.approx(-45.0, abs=1e-4)
+        finally:
+            await source.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_link_that_cannot_open_is_one_clear_error() -> None:
+    from edgerun.errors import SourceError
+
+    async def main() -> None:
+        source = MavlinkPoseSource(PoseConfig(kind="mavlink", url="/dev/edgerun-no-such-uart,57600"))
+        await source.start()
+
+    with pytest.raises(SourceError, match=r"^source\.pose: cannot open '/dev/edgerun-no-such-uart,57600': "):
+        asyncio.run(main())
