@@ -1,0 +1,451 @@
+"""SWIM + Lifeguard membership on the virtual clock (swarm.memnet): probes, suspicion, refutation, gossip limits,
+push-pull repair, leave, join retry, metadata and app broadcasts. Loss, cut links, partitions and starvation
+are faults the in-memory network injects; the protocol code is the production code."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.config import SwarmTiming
+from swarm.membership import (
+    BroadcastQueue,
+    Member,
+    MemberEvent,
+    Membership,
+    MemberState,
+    UserBroadcast,
+    remaining_suspicion_time,
+    retransmit_limit,
+    suspicion_timeout,
+)
+from swarm.memnet import MemNet, Starvation
+from swarm.messages import Ack, Alive, Dead, Ping, Suspect, UserMsg, decode_packet, encode_message, encode_packet
+
+TIMING = SwarmTiming()
+
+
+def addr(i: int) -> tuple[str, int]:
+    return (f"10.1.0.{i + 1}", 7946)
+
+
+def cluster(n: int, *, loss: float = 0.0, seed: int = 3, timing: SwarmTiming = TIMING,
+            settle: float = 5.0) -> tuple[MemNet, list[Membership]]:
+    net = MemNet(seed=seed, loss=loss)
+    members = []
+    for i in range(n):
+        m = Membership(f"m{i}", addr(i), timing, now=0.0, rng=random.Random(seed * 100 + i))
+        if i:
+            m.join([addr(0)], 0.0)
+        net.add(m)
+        members.append(m)
+    net.run_until(settle)
+    return net, members
+
+
+def states(m: Membership) -> dict[str, MemberState]:
+    return {x.name: x.state for x in m.members()}
+
+
+def events(net: MemNet, member: Membership, kind: str, about: str | None = None) -> list[tuple[float, Member]]:
+    host = net.hosts[member.addr]
+    return [(t, e.member) for t, e in host.events
+            if isinstance(e, MemberEvent) and e.kind == kind and (about is None or e.member.name == about)]
+
+
+def deliver(m: Membership, *messages, now: float, src: tuple[str, int] = ("10.9.9.9", 1)) -> None:
+    m.receive_datagram(encode_packet([encode_message(x) for x in messages]), src, now)
+
+
+def sent_messages(m: Membership) -> list[tuple[tuple[str, int], list]]:
+    return [(dst, decode_packet(data)) for dst, data in m.datagrams_to_send()]
+
+
+# ---------------------------------------------------------------------- probing
+
+
+def test_members_converge_and_probes_are_answered() -> None:
+    net, members = cluster(5)
+    net.run_until(30.0)
+    for m in members:
+        assert set(states(m).values()) == {MemberState.ALIVE}
+        assert len(m.members()) == 5
+        assert m.stats["probes"] >= 25  # one per probe interval
+        assert m.stats["probe_failures"] == 0 and m.stats["suspicions"] == 0
+        assert m.health_score == 0
+
+
+def test_direct_probe_sends_ping_for_the_named_target_and_an_ack_ends_it() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(1))
+    deliver(a, Alive(name="b", addr=addr(1), incarnation=1, meta=b""), now=0.0)
+    a.datagrams_to_send()
+    pings: list = []
+    while not pings:  # run timers until the first probe goes out
+        a.handle_timer(a.get_timer())
+        pings = [(d, ms) for d, ms in sent_messages(a) if any(isinstance(x, Ping) for x in ms)]
+    (dst, msgs), = pings
+    ping = next(x for x in msgs if isinstance(x, Ping))
+    assert dst == addr(1) and ping.target == "b" and ping.source == "a"
+    deliver(a, Ack(seq=ping.seq), now=a.get_timer() - 0.01, src=addr(1))
+    a.handle_timer(a.get_timer() + 2.0)
+    assert a.stats["probe_failures"] == 0 and states(a)["b"] is MemberState.ALIVE
+
+
+def test_a_ping_for_another_member_is_dropped_and_counted() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    deliver(a, Ping(seq=1, target="someone-else", source="b"), now=0.0)
+    assert a.stats["dropped"]["wrong_target"] == 1
+    assert not [msgs for _, msgs in sent_messages(a) if any(isinstance(x, Ack) for x in msgs)]
+
+
+def test_indirect_probe_through_peers_keeps_a_member_alive_when_the_direct_link_is_cut() -> None:
+    net, members = cluster(4)
+    net.block(addr(0), addr(1), udp=True, tcp=True)  # m0 <-> m1 cut both ways; m2, m3 relay
+    net.run_until(60.0)
+    m0, m1 = members[0], members[1]
+    assert m0.stats["indirect_probes"] > 0 and m1.stats["indirect_probes"] > 0
+    assert states(m0)["m1"] is MemberState.ALIVE and states(m1)["m0"] is MemberState.ALIVE
+    assert not events(net, m0, "suspect", "m1") and not events(net, m1, "suspect", "m0")
+
+
+def test_tcp_fallback_probe_keeps_a_member_alive_when_udp_is_cut() -> None:
+    net, (m0, m1) = cluster(2)
+    net.block(addr(0), addr(1), udp=True, tcp=False)  # no relays in a 2-member swarm: only the stream helps
+    net.run_until(40.0)
+    assert m0.stats["tcp_fallback_rescues"] > 0
+    assert states(m0)["m1"] is MemberState.ALIVE and states(m1)["m0"] is MemberState.ALIVE
+    assert not events(net, m0, "dead") and not events(net, m1, "dead")
+
+
+def test_killed_member_is_suspected_then_declared_dead_by_everyone() -> None:
+    net, members = cluster(8, loss=0.1)
+    net.run_until(20.0)
+    net.kill(addr(5))
+    net.run_until(45.0)  # before gossip_to_the_dead_s after the death, when the dead are forgotten
+    for i, m in enumerate(members):
+        if i == 5:
+            continue
+        (t_dead, _), = events(net, m, "dead", "m5")
+        assert 20.0 < t_dead < 20.0 + 2 * TIMING.probe_interval_s + 6 * suspicion_timeout(4, 8, 1.0)
+        assert states(m)["m5"] is MemberState.DEAD
+        assert not [e for e in events(net, m, "dead") if e[1].name != "m5"]
+
+
+# ---------------------------------------------------------------------- suspicion
+
+
+def test_suspicion_timeout_formula_is_memberlists() -> None:
+    assert suspicion_timeout(4, 20, 1.0) == pytest.approx(4 * math.log10(20))
+    assert suspicion_timeout(4, 3, 1.0) == 4.0  # log10 floored at 1
+    assert retransmit_limit(4, 20) == 8 and retransmit_limit(4, 9) == 4
+    lo, hi = 5.0, 30.0
+    assert remaining_suspicion_time(0, 3, lo, hi) == hi
+    assert remaining_suspicion_time(1, 3, lo, hi) == pytest.approx(hi - math.log(2) / math.log(4) * (hi - lo), abs=1e-3)
+    assert remaining_suspicion_time(3, 3, lo, hi) == lo
+    assert remaining_suspicion_time(5, 3, lo, hi) == lo
+
+
+def _suspected_member(n_members: int) -> Membership:
+    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(2))
+    for i in range(1, n_members):
+        deliver(a, Alive(name=f"p{i}", addr=addr(i), incarnation=1, meta=b""), now=0.0)
+    deliver(a, Suspect(name="p1", incarnation=1, source="p2"), now=0.0)
+    return a
+
+
+def _death_time(a: Membership, confirm_from: list[str], step: float = 0.05) -> float:
+    now = 0.0
+    for source in confirm_from:
+        now += 0.1
+        deliver(a, Suspect(name="p1", incarnation=1, source=source), now=now)
+    while states(a)["p1"] is not MemberState.DEAD:
+        now += step
+        a.handle_timer(now)
+        a.datagrams_to_send()
+        assert now < 100.0
+    return now
+
+
+def test_suspicion_starts_at_its_maximum_and_shrinks_with_independent_confirmations() -> None:
+    n = 10
+    lo = suspicion_timeout(TIMING.suspicion_mult, n, TIMING.probe_interval_s)
+    hi = TIMING.suspicion_max_timeout_mult * lo
+    k = TIMING.suspicion_mult - 2
+    alone = _death_time(_suspected_member(n), [])
+    one = _death_time(_suspected_member(n), ["p3"])
+    two = _death_time(_suspected_member(n), ["p3", "p4"])
+    # confirmations by the original accuser or repeated ones do not count
+    repeats = _death_time(_suspected_member(n), ["p2", "p3", "p3"])
+    assert alone == pytest.approx(hi, abs=0.06)
+    assert one == pytest.approx(remaining_suspicion_time(1, k, lo, hi), abs=0.06)
+    assert two == pytest.approx(lo, abs=0.06)
+    assert repeats == pytest.approx(one, abs=0.06)
+    assert lo < two < one < alone
+
+
+def test_new_confirmation_is_regossiped_and_a_duplicate_is_not() -> None:
+    a = _suspected_member(10)
+    a.datagrams_to_send()
+    for _ in range(30):  # drain the queued updates
+        a.handle_timer(a.get_timer())
+        a.datagrams_to_send()
+    deliver(a, Suspect(name="p1", incarnation=1, source="p3"), now=0.5)
+    assert a.queued_broadcasts == 1
+    for _ in range(30):
+        a.handle_timer(a.get_timer())
+        a.datagrams_to_send()
+    deliver(a, Suspect(name="p1", incarnation=1, source="p3"), now=0.6)
+    assert a.queued_broadcasts == 0
+
+
+# ---------------------------------------------------------------------- refutation and incarnations
+
+
+def test_suspect_about_self_is_refuted_with_a_higher_incarnation() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    deliver(a, Alive(name="b", addr=addr(1), incarnation=1, meta=b""), now=0.0)
+    a.datagrams_to_send()
+    deliver(a, Suspect(name="a", incarnation=7, source="b"), now=1.0)
+    assert a.incarnation == 8 and a.stats["refutations"] == 1 and a.health_score == 1
+    assert [e.kind for e in a.pop_events() if isinstance(e, MemberEvent)][-1] == "refute"
+    a.handle_timer(a.get_timer())
+    gossiped = [x for _, msgs in sent_messages(a) for x in msgs if isinstance(x, Alive) and x.name == "a"]
+    assert gossiped and gossiped[0].incarnation == 8
+    deliver(a, Dead(name="a", incarnation=8, source="b"), now=2.0)
+    assert a.incarnation == 9 and states(a)["a"] is MemberState.ALIVE
+
+
+def test_stale_updates_do_not_override_newer_state() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    deliver(a, Alive(name="b", addr=addr(1), incarnation=5, meta=b"new"), now=0.0)
+    deliver(a, Suspect(name="b", incarnation=4, source="c"), now=0.1)
+    deliver(a, Dead(name="b", incarnation=3, source="c"), now=0.2)
+    deliver(a, Alive(name="b", addr=addr(1), incarnation=4, meta=b"old"), now=0.3)
+    b = a.member("b")
+    assert b is not None and b.state is MemberState.ALIVE and b.incarnation == 5 and b.meta == b"new"
+    # a different address under a live name is a conflict, not a takeover
+    deliver(a, Alive(name="b", addr=("10.6.6.6", 1), incarnation=9, meta=b""), now=0.4)
+    assert a.member("b").addr == addr(1) and a.stats["dropped"]["name_conflict"] == 1
+
+
+def test_restarted_member_rejoins_with_a_higher_incarnation() -> None:
+    net, members = cluster(5)
+    net.kill(addr(3))
+    net.run_until(40.0)
+    assert all(states(m)["m3"] is MemberState.DEAD for i, m in enumerate(members) if i != 3)
+    dead_incarnation = members[0].member("m3").incarnation
+    reborn = Membership("m3", addr(3), TIMING, now=net.now, rng=random.Random(99))
+    reborn.join([addr(0)], net.now)
+    net.add(reborn)
+    net.run_until(60.0)
+    assert reborn.incarnation > dead_incarnation
+    for i, m in enumerate(members):
+        if i != 3:
+            assert states(m)["m3"] is MemberState.ALIVE and m.member("m3").incarnation == reborn.incarnation
+
+
+# ---------------------------------------------------------------------- gossip limits
+
+
+def test_broadcast_queue_sends_least_sent_first_and_replaces_by_key() -> None:
+    q = BroadcastQueue()
+    q.queue("x", b"x1")
+    q.queue("y", b"y1")
+    assert q.take(100, 10, transmit_limit=3) == [b"y1", b"x1"]  # newest first among equals
+    q.queue("x", b"x2")  # newer state about x replaces the queued one and starts at zero transmits
+    assert q.take(100, 1, transmit_limit=3) == [b"x2"]
+    assert q.transmits("x") == 1 and q.transmits("y") == 1
+    assert q.take(1, 10, transmit_limit=3) == []  # nothing fits in one byte
+    assert q.take(100, 10, transmit_limit=3) == [b"x2", b"y1"]
+    assert q.take(100, 10, transmit_limit=3) == [b"x2", b"y1"]  # both reached 3 transmits and are gone
+    assert len(q) == 0 and q.take(100, 10, transmit_limit=3) == []
+
+
+def test_piggybacked_updates_respect_the_packet_budget_and_the_retransmit_limit() -> None:
+    budget = 600
+    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(4), packet_budget=budget)
+    for i in range(1, 40):
+        deliver(a, Alive(name=f"peer-{i:02d}", addr=addr(i), incarnation=1, meta=b"m" * 40), now=0.0)
+    for i in range(12):
+        a.queue_broadcast(f"k{i}".encode(), b"claim" * 30)
+    limit = retransmit_limit(TIMING.retransmit_mult, 40)
+    seen: Counter = Counter()
+    now = 0.0
+    for _ in range(2000):
+        now = a.get_timer()
+        a.handle_timer(now)
+        for dst, data in a.datagrams_to_send():
+            assert len(data) <= budget
+            for msg in decode_packet(data):
+                if isinstance(msg, (Alive, UserMsg)):
+                    seen[encode_message(msg)] += 1
+                if isinstance(msg, Ping):  # answer so no suspicion adds updates
+                    deliver(a, Ack(seq=msg.seq), now=now, src=dst)
+    assert seen and max(seen.values()) == limit
+    assert len(seen) == 39 + 1 + 12  # every member's alive, our own alive, every app broadcast
+    assert a.queued_broadcasts == 0
+
+
+def test_queue_broadcast_rejects_what_cannot_fit() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    with pytest.raises(ValueError, match="payload is 1025 bytes"):
+        a.queue_broadcast(b"k", b"x" * 1025)
+    with pytest.raises(ValueError, match="key is 129 bytes"):
+        a.queue_broadcast(b"k" * 129, b"x")
+    small = Membership("s", addr(1), TIMING, now=0.0, packet_budget=256)
+    with pytest.raises(ValueError, match="does not fit the 256-byte packet budget"):
+        small.queue_broadcast(b"k", b"x" * 300)
+    with pytest.raises(ValueError, match="at most 512 fit"):
+        a.set_meta(b"x" * 513, 0.0)
+
+
+# ---------------------------------------------------------------------- anti-entropy, join, leave
+
+
+def test_push_pull_repairs_membership_after_a_partition_heals() -> None:
+    net, members = cluster(6)
+    net.partition([addr(i) for i in range(3)], [addr(i) for i in range(3, 6)])
+    net.run_until(80.0)  # longer than gossip_to_the_dead_s: each side has reaped the other
+    assert all(len([s for s in states(m).values() if s is MemberState.ALIVE]) == 3 for m in members)
+    net.heal()
+    net.run_until(80.0 + 2 * TIMING.push_pull_interval_s)
+    for m in members:
+        assert len(m.members()) == 6 and set(states(m).values()) == {MemberState.ALIVE}
+    assert sum(m.stats["reconnects"] for m in members) > 0
+
+
+def test_graceful_leave_is_left_not_dead() -> None:
+    net, members = cluster(5)
+    members[2].leave(net.now)
+    net.hosts[addr(2)].membership.handle_timer(net.now)
+    net.run_until(net.now + 3.0)
+    net.kill(addr(2))  # the process exits after its leave went out
+    net.run_until(net.now + 20.0)
+    for i, m in enumerate(members):
+        if i != 2:
+            assert states(m)["m2"] is MemberState.LEFT
+            assert events(net, m, "leave", "m2") and not events(net, m, "dead", "m2")
+
+
+def test_join_is_retried_until_a_seed_answers() -> None:
+    timing = SwarmTiming(join_retry_s=2.0)
+    net = MemNet(seed=5)
+    late = Membership("late", addr(1), timing, now=0.0, rng=random.Random(1))
+    late.join([addr(0)], 0.0)
+    net.add(late)
+    net.run_until(9.0)  # the seed does not exist yet: refused, retried
+    assert late.stats["stream_sent_bytes"] > 0 and len(late.members()) == 1
+    seed = Membership("seed", addr(0), timing, now=net.now, rng=random.Random(2))
+    net.add(seed)
+    net.run_until(15.0)
+    assert states(late) == {"late": MemberState.ALIVE, "seed": MemberState.ALIVE}
+    assert states(seed) == {"late": MemberState.ALIVE, "seed": MemberState.ALIVE}
+
+
+def test_metadata_update_reaches_every_member() -> None:
+    net, members = cluster(6, loss=0.1)
+    members[4].set_meta(b'{"model":"blazeface","v":2}', net.now)
+    net.run_until(net.now + 5.0)
+    for i, m in enumerate(members):
+        assert m.member("m4").meta == b'{"model":"blazeface","v":2}'
+        if i != 4:
+            assert events(net, m, "update", "m4")
+
+
+def test_app_broadcast_reaches_every_member_once_and_newer_replaces_older() -> None:
+    net, members = cluster(8, loss=0.1)
+    members[1].queue_broadcast(b"track-1", b"v1")
+    members[1].queue_broadcast(b"track-1", b"v2")  # replaces v1 before it ever went out
+    members[2].queue_broadcast(b"track-9", b"other")
+    net.run_until(net.now + 10.0)
+    for i, m in enumerate(members):
+        got = [(e.sender, e.payload) for _, e in net.hosts[m.addr].events if isinstance(e, UserBroadcast)]
+        expected = ([] if i == 1 else [("m1", b"v2")]) + ([] if i == 2 else [("m2", b"other")])
+        assert sorted(got) == sorted(expected)
+
+
+def test_app_broadcasts_cross_a_healed_partition() -> None:
+    net, members = cluster(6)
+    net.partition([addr(i) for i in range(3)], [addr(i) for i in range(3, 6)])
+    members[0].queue_broadcast(b"claim", b"seen-by-m0")
+    net.run_until(net.now + 50.0)
+    assert not any(isinstance(e, UserBroadcast) for _, e in net.hosts[addr(4)].events)
+    net.heal()
+    net.run_until(net.now + 2 * TIMING.push_pull_interval_s)
+    for i in range(1, 6):
+        assert [e.payload for _, e in net.hosts[addr(i)].events if isinstance(e, UserBroadcast)] == [b"seen-by-m0"]
+
+
+# ---------------------------------------------------------------------- local health
+
+
+def _probe_window(late_timers: int) -> tuple[int, float]:
+    """(health score, seconds from the ping to the suspicion) for a silent peer after some late timers."""
+    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(6))
+    deliver(a, Alive(name="b", addr=addr(1), incarnation=1, meta=b""), now=0.0)
+    now = 0.0
+    for _ in range(late_timers):
+        now = a.get_timer() + 1.0  # the loop was blocked for a second
+        a.handle_timer(now)
+    a._probe = None  # forget a probe a late timer started: measure a fresh one
+    score = a.health_score
+    a.datagrams_to_send()
+    ping_at = None
+    while a.member("b").state is MemberState.ALIVE:
+        now = a.get_timer()
+        a.handle_timer(now)
+        if ping_at is None and any(isinstance(x, Ping) for _, msgs in sent_messages(a) for x in msgs):
+            ping_at = now
+    assert ping_at is not None
+    return score, now - ping_at
+
+
+def test_late_timers_raise_the_health_score_and_stretch_the_probe_interval() -> None:
+    assert _probe_window(0) == (0, pytest.approx(TIMING.probe_interval_s))
+    score, window = _probe_window(3)
+    assert score == 3
+    assert window == pytest.approx((score + 1) * TIMING.probe_interval_s)
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    a.handle_timer(a.get_timer() + 0.1)  # a little late is normal on a busy loop
+    assert a.stats["late_timers"] == 0 and a.health_score == 0
+
+
+def test_starved_member_causes_no_false_deaths() -> None:
+    net, members = cluster(10, loss=0.1)
+    net.starve(addr(7), Starvation(run_s=(0.3, 1.5), stall_s=(0.2, 1.5)))
+    net.run_until(200.0)
+    assert members[7].stats["late_timers"] > 0
+    for m in members:
+        assert not events(net, m, "dead"), m.local_name
+        assert set(states(m).values()) == {MemberState.ALIVE}
+
+
+# ---------------------------------------------------------------------- untrusted bytes
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=1500), min_size=1, max_size=5))
+def test_receive_datagram_and_handle_stream_never_raise(garbage: list[bytes]) -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    for i, data in enumerate(garbage):
+        a.receive_datagram(data, addr(1), float(i))
+        a.receive_datagram(b"\x01" + data, addr(1), float(i))
+        assert a.handle_stream(data, addr(1), float(i)) is None or data[:1] == b"\x01"
+        a.handle_stream(b"\x01" + data, addr(1), float(i))
+    assert a.stats["dropped"]["internal"] == 0
+    assert a.stats["received_packets"] == 2 * len(garbage)
+
+
+def test_malformed_and_oversized_packets_are_counted_by_reason() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0)
+    a.receive_datagram(b"", addr(1), 0.0)
+    a.receive_datagram(b"\x01\xc1", addr(1), 0.0)
+    a.receive_datagram(b"\x09\x90", addr(1), 0.0)
+    a.receive_datagram(b"\x01" + b"\x90" * 1500, addr(1), 0.0)
+    assert dict(a.stats["dropped"]) == {"short": 1, "malformed": 1, "version": 1, "oversized": 1}
+    assert len(a.members()) == 1

@@ -1,0 +1,45 @@
+"""``python -m swarm.sim`` in a short form: the figures the issue names, from a run with a kill and drones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarm.sim import SimConfig, SwarmSim, main
+
+KEYS = {"full_membership_s", "detect_p50_s", "detect_max_s", "suspicions", "refutations", "false_deaths",
+        "bytes_per_node_s", "duplicate_ratio", "dedup_added_latency_s"}
+
+
+def test_cli_writes_the_issue_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim.json"
+    assert main(["--nodes", "8", "--loss", "0.1", "--seconds", "60", "--kill-at", "20", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == written
+    assert KEYS <= set(written)
+    assert written["killed"] is not None and written["false_deaths"] == 0
+    # everyone saw everyone, and every survivor declared the killed member dead after the kill
+    assert 0 < written["full_membership_s"] < 5
+    assert 0 < written["detect_p50_s"] <= written["detect_max_s"] < 30
+    assert written["suspicions"] >= 7  # each of the 7 survivors suspected the killed member once
+    assert written["bytes_per_node_s"] > 0
+    assert written["targets_seen"] > 0 and written["fleet_reports"] > 0
+    assert written["dedup_added_latency_s"] is not None and written["dedup_added_latency_s"] >= 0
+
+
+def test_partition_heals_and_starved_member_is_not_declared_dead() -> None:
+    cfg = SimConfig(nodes=8, seconds=150, kill_at=None, partition_at=20, heal_at=70, starve=1, drones=False)
+    result = SwarmSim(cfg).run()
+    assert result["detect_p50_s"] is None and result["starved"]
+    assert result["partition_deaths"] > 0  # each half declared the other dead while cut ...
+    assert result["heal_repair_s"] is not None  # ... and everyone sees everyone alive again after the heal
+    assert result["false_deaths"] == 0
+
+
+def test_module_entry_point_rejects_bad_arguments() -> None:
+    run = subprocess.run([sys.executable, "-m", "swarm.sim", "--loss", "1.5"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--loss: within [0, 1)" in run.stderr
