@@ -110,9 +110,11 @@ class FleetModel:
         max_events: int = 500,
         trail_s: float = 300.0,
         stale_s: float = 15.0,
+        origin: str = "",
     ) -> None:
         self.max_nodes, self.max_objects, self.max_events = max_nodes, max_objects, max_events
         self.trail_s, self.stale_s = trail_s, stale_s
+        self.origin = origin  # this station's id on the station events topic: its own events are already logged
         self.nodes: dict[str, NodeView] = {}
         self.objects: dict[str, dict[str, Any]] = {}
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
@@ -149,7 +151,7 @@ class FleetModel:
                 self._rollout(parts[3], payload)
             elif topic == STATION_EVENTS_TOPIC:
                 doc = self._json(payload)
-                if isinstance(doc, dict):
+                if isinstance(doc, dict) and not (self.origin and doc.get("origin") == self.origin):
                     self.add_event(now, "station", _text(doc.get("kind")) or "station", _text(doc.get("text"), 500),
                                    _text(doc.get("level")) or "info")
             else:

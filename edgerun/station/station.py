@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,8 @@ class StationOptions:
 class Station:
     def __init__(self, options: StationOptions) -> None:
         self.options = options
-        self.model = FleetModel(stale_s=options.stale_s)
+        self.origin = f"station-{uuid.uuid4().hex[:12]}"
+        self.model = FleetModel(stale_s=options.stale_s, origin=self.origin)
         self.subscriber = FleetSubscriber(options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker)
         self.clients: set[asyncio.Queue[str]] = set()
         self.rollouts: dict[str, dict[str, Any]] = {}
@@ -211,7 +213,7 @@ class Station:
         self.model.add_event(time.time(), "station", kind, text, level)
         log.log(logging.INFO if level == "info" else logging.WARNING, "station: %s", text)
         payload = {"schema": "edgerun.event/1", "node": "station", "kind": kind, "ts": time.time(), "text": text,
-                   "level": level}
+                   "level": level, "origin": self.origin}
         self.subscriber.publish_event(json.dumps(payload).encode())
 
     async def act(

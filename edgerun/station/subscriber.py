@@ -40,6 +40,7 @@ class FleetSubscriber:
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
+        self._stopping = False
 
     def start(self) -> None:
         import paho.mqtt.client as mqtt
@@ -58,6 +59,7 @@ class FleetSubscriber:
         self._client = client
 
     async def stop(self) -> None:
+        self._stopping = True
         client, self._client = self._client, None
         if client is not None:
             client.disconnect()
@@ -87,6 +89,8 @@ class FleetSubscriber:
         self._call(self.on_state, True, "")
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
+        if self._stopping:
+            return
         log.warning("station: lost mqtt://%s:%d (%s); reconnecting", self.host, self.port, reason)
         self._call(self.on_state, False, f"connection lost ({reason}); reconnecting")
 

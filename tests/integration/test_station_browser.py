@@ -1,0 +1,368 @@
+"""The ground station end to end: real mosquitto, three real node processes, the station, headless Chromium.
+
+Checks on the page itself: the nodes and their positions appear, fleet objects appear, a SIGKILLed node
+turns dead (the broker's last will), and a halt issued on the page (with its confirmation) stops a
+rollout: a node in the rollout's cohort that comes back after the halt stays on the old model while a
+node of the same cohort that was up took the new one.
+
+Fleet objects: until the node publishes ``edgerun/fleet/objects`` itself (the swarm issue wires dedup
+into the node), this test is the stand-in publisher: it sends schema-valid ``edgerun.object/1``
+messages into the real broker, checked against ``edgerun/schema/object-v1.json`` when that file exists.
+
+Set ``EDGERUN_STATION_SCREENSHOT=docs/station.png`` to keep the page's screenshot (the README's picture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgerun.fleet.rollout import cohort_position
+from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
+from tests.conftest import free_port
+from tests.integration.brokers import REPO, collecting, wait_for
+from tests.unit.test_ota_release import Fleet, head_variant
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+NODES = ("drone-1", "drone-2", "drone-3")
+OBJECT_SCHEMA = REPO / "edgerun" / "schema" / "object-v1.json"
+
+pytestmark = [
+    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+    pytest.mark.skipif(not Path(CHROMEDRIVER).exists() or not (shutil.which("chromium")),
+                       reason="Debian's chromium and chromium-driver are not installed"),
+]
+
+
+def cohort_salt() -> str:
+    """A salt that puts drone-1 and drone-3 inside a 50 % rollout and drone-2 outside it."""
+    for i in range(10_000):
+        salt = f"station-test-{i}"
+        pos = {n: cohort_position(salt, n) for n in NODES}
+        if pos["drone-1"] < 50 and pos["drone-3"] < 50 and pos["drone-2"] >= 50:
+            return salt
+    raise AssertionError("no salt found")
+
+
+class Node:
+    def __init__(self, tmp: Path, name: str, seed: int, broker_port: int, fleet: Fleet) -> None:
+        self.name = name
+        self.http_port = free_port()
+        self.log_path = tmp / f"{name}.log"
+        self.config = tmp / f"{name}.toml"
+        roots = json.dumps(fleet.root_pub_paths)
+        self.config.write_text(f"""[node]
+id = "{name}"
+[source]
+kind = "replay"
+fps = 5
+[source.replay]
+seed = {seed}
+[engine]
+replicas = 1
+num_threads = 1
+[sinks.mqtt]
+enabled = true
+host = "127.0.0.1"
+port = {broker_port}
+metrics_interval_s = 1.0
+keepalive_s = 5
+[service]
+http_port = {self.http_port}
+[ota]
+enabled = true
+state_dir = "{tmp / (name + '-state')}"
+root_keys = {roots}
+mqtt = true
+poll_interval_s = 0.5
+health_window_s = 1.0
+latency_factor = 50.0
+""")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edgerun", "run", "-c", str(self.config)],
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+
+@pytest.fixture
+def rig(tmp_path, blazeface_bundle):
+    """Broker, keys, three nodes and the station (with the release signing key); torn down whatever happens."""
+    fleet = Fleet(tmp_path / "fleet")
+    fleet.write_keys()
+    key_file = tmp_path / "release.key"
+    key_file.write_text(fleet.release_keys[0].to_text())
+    nodes: list[Node] = []
+    station = None
+    with run_mosquitto() as broker:
+        try:
+            station_port = free_port()
+            station_log = tmp_path / "station.log"
+            for name, seed in zip(NODES, (1, 2, 4)):  # seeds whose flights start in different corners
+                nodes.append(Node(tmp_path, name, seed=seed, broker_port=broker.port, fleet=fleet))
+            station = subprocess.Popen(
+                [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
+                 "--bind", f"127.0.0.1:{station_port}", "--signing-key", str(key_file), "--truth", "replay:1",
+                 "--ground", "replay:1", "--stale-s", "6", "--no-auto-halt",
+                 "--node-http", f"drone-1=127.0.0.1:{nodes[0].http_port}"],
+                stdout=station_log.open("w"), stderr=subprocess.STDOUT,
+            )
+            yield {"broker": broker, "fleet": fleet, "key_file": key_file, "nodes": {n.name: n for n in nodes},
+                   "url": f"http://127.0.0.1:{station_port}/", "station_log": station_log, "tmp": tmp_path}
+        finally:
+            for node in nodes:
+                node.kill()
+            if station is not None and station.poll() is None:
+                station.terminate()
+                try:
+                    station.wait(10)
+                except subprocess.TimeoutExpired:
+                    station.kill()
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1600,1200"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+DRONES_JS = """return [...document.querySelectorAll('g.drone')].map(g => ({id: g.dataset.id, state: g.dataset.state,
+  east: +g.dataset.east, north: +g.dataset.north}));"""
+ROWS_JS = """return [...document.querySelectorAll('#nodes tbody tr[data-id]')].map(r => ({id: r.dataset.id,
+  state: r.dataset.state, model: r.querySelector('.model').textContent.trim(),
+  fps: r.querySelector('.fps').textContent}));"""
+OBJECTS_JS = """return [...document.querySelectorAll('g.object')].map(g => ({id: g.dataset.id, label: g.dataset.label,
+  owner: g.dataset.owner, seen: +g.dataset.seen}));"""
+EVENTS_JS = "return [...document.querySelectorAll('#events tbody tr')].map(r => r.textContent.replace(/\\s+/g, ' '));"
+ROLLOUT_JS = """const r = document.querySelector('.rollout[data-model="blazeface_short"]');
+  return r ? {phase: r.dataset.phase, percent: +r.dataset.percent, text: r.textContent} : null;"""
+
+
+def page(driver: Any, script: str) -> Any:
+    return driver.execute_script(script)
+
+
+def until(driver: Any, what: str, predicate, rig: dict, timeout: float = 90.0) -> None:
+    if not wait_for(predicate, timeout, 0.25):
+        logs = "\n".join(f"--- {n.name}\n{n.log()}" for n in rig["nodes"].values())
+        raise AssertionError(f"page never showed {what}; rows {page(driver, ROWS_JS)}; "
+                             f"events {page(driver, EVENTS_JS)[:15]}\n{logs}\n--- station\n"
+                             f"{rig['station_log'].read_text()[-2000:]}")
+
+
+def rows(driver: Any) -> dict[str, dict]:
+    return {r["id"]: r for r in page(driver, ROWS_JS)}
+
+
+def fleet_objects(now: float) -> list[dict]:
+    """Stand-in for the nodes' fleet publisher (see the module docstring): three owned, deduplicated objects."""
+    return [
+        {"schema": "edgerun.object/1", "id": f"{0xA5A5000000000000 + i:016x}", "label": label, "east_m": east,
+         "north_m": north, "uncertainty_m": 0.8, "first_seen": now - 30 + i, "last_seen": now, "score": 0.9,
+         "owner": owner, "seen_by": seen, "ts": now}
+        for i, (label, east, north, owner, seen) in enumerate([
+            ("face", 12.0, 20.0, "drone-1", ["drone-1", "drone-2"]),
+            ("face", 24.5, 8.0, "drone-2", ["drone-2"]),
+            ("person", 30.0, 30.0, "drone-3", ["drone-1", "drone-2", "drone-3"]),
+        ])
+    ]
+
+
+def click_halt(driver: Any) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for _ in range(20):  # the rollout panel is redrawn when its figures change
+        try:
+            selector = '.rollout[data-model="blazeface_short"] button[data-act="halt"]'
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+            break
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    alert = WebDriverWait(driver, 10).until(expected_conditions.alert_is_present())
+    assert "HALT the rollout of blazeface_short v2" in alert.text
+    alert.accept()
+
+
+@pytest.mark.timeout(420)
+def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, browser, tmp_path, blazeface_bundle):
+    import paho.mqtt.client as mqtt
+
+    driver = browser
+    broker_port = rig["broker"].port
+    until(driver, "the station answering", lambda: _get_ok(driver, rig["url"]), rig, 60)
+
+    # -- nodes and their positions ------------------------------------------------------------------------
+    with collecting(broker_port, ["edgerun/+/detections"]) as seen:
+        until(driver, "three running nodes",
+              lambda: sum(r["state"] == "running" for r in rows(driver).values()) == 3, rig, 120)
+        until(driver, "three drones on the map", lambda: len(page(driver, DRONES_JS)) == 3, rig)
+        drones = {d["id"]: d for d in page(driver, DRONES_JS)}
+        latest = {}
+        for message in seen.snapshot():
+            doc = json.loads(message.payload)
+            latest[doc["node"]] = doc["pose"]
+    assert set(drones) == set(NODES) == set(latest)
+    for name, drone in drones.items():
+        assert 0 < drone["east"] < 40 and 0 < drone["north"] < 40, drone
+        # the drone flies 1.5 m/s; the page lags the broker by at most a few updates
+        assert abs(drone["east"] - latest[name]["east_m"]) < 6 and abs(drone["north"] - latest[name]["north_m"]) < 6
+    assert len({(round(d["east"]), round(d["north"])) for d in drones.values()}) == 3
+    assert all(r["model"] == "blazeface_short v1" for r in rows(driver).values())
+    assert page(driver, "return document.querySelectorAll('rect.truth').length") > 0
+    assert page(driver, "return document.querySelectorAll('polygon.footprint').length") == 3
+    assert page(driver, "return +document.getElementById('scalebar').dataset.metres") > 0
+
+    # -- fleet objects (stand-in publisher) ---------------------------------------------------------------
+    objects = fleet_objects(time.time())
+    if OBJECT_SCHEMA.exists():
+        import jsonschema
+
+        for obj in objects:
+            jsonschema.validate(obj, json.loads(OBJECT_SCHEMA.read_text()))
+    client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.connect("127.0.0.1", broker_port)
+    client.loop_start()
+    try:
+        for obj in objects:
+            client.publish("edgerun/fleet/objects", json.dumps(obj), qos=1).wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    until(driver, "three fleet objects", lambda: len(page(driver, OBJECTS_JS)) == 3, rig)
+    shown = {o["id"]: o for o in page(driver, OBJECTS_JS)}
+    ids = [o["id"] for o in objects]
+    assert shown[ids[2]] == {"id": ids[2], "label": "person", "owner": "drone-3", "seen": 3}
+    assert shown[ids[0]]["seen"] == 2 and shown[ids[1]]["owner"] == "drone-2"
+
+    # -- snapshot on click: live from a node with a known address ---------------------------------------
+    driver.execute_script("document.querySelector('#nodes tbody tr[data-id=\"drone-1\"]').click()")
+    until(driver, "drone-1's live snapshot",
+          lambda: page(driver, "return document.getElementById('snapshot').dataset.kind") == "live", rig, 30)
+
+    # -- a SIGKILLed node turns dead (the broker publishes its will) ------------------------------------
+    rig["nodes"]["drone-3"].kill()
+    until(driver, "drone-3 dead", lambda: rows(driver).get("drone-3", {}).get("state") == "dead", rig, 60)
+    assert page(driver, "return document.querySelector('g.drone[data-id=\"drone-3\"]').dataset.state") == "dead"
+    assert any("drone-3" in e and "last will" in e for e in page(driver, EVENTS_JS))
+    driver.execute_script("document.querySelector('#nodes tbody tr[data-id=\"drone-3\"]').click()")
+    until(driver, "drone-3's last boxes",
+          lambda: page(driver, "return document.getElementById('snapshot').dataset.kind") == "boxes", rig, 30)
+
+    # -- a rollout to drone-1 and drone-3's cohort, halted on the page ---------------------------------
+    salt = cohort_salt()
+    v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
+    publish = subprocess.run(
+        [sys.executable, "-m", "edgerun", "fleet", "publish", str(v2.root), "--percent", "50", "--salt", salt,
+         "--keys", str(rig["fleet"].release_dir), "--signing-key", str(rig["key_file"]),
+         "--base", str(blazeface_bundle.root), "--mqtt", f"127.0.0.1:{broker_port}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert publish.returncode == 0, publish.stderr
+    assert "published blazeface_short v2 to 50% of the fleet" in publish.stdout
+    until(driver, "the canary on the page", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "canary", rig)
+    until(driver, "drone-1 on v2", lambda: rows(driver)["drone-1"]["model"] == "blazeface_short v2", rig, 120)
+    until(driver, "drone-2 outside the cohort",
+          lambda: any("drone-2" in e and "not_in_rollout" in e for e in page(driver, EVENTS_JS)), rig)
+    assert rows(driver)["drone-2"]["model"] == "blazeface_short v1"
+
+    click_halt(driver)
+    until(driver, "the rollout halted", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "halted", rig)
+    assert (page(driver, ROLLOUT_JS) or {})["percent"] == 0
+    assert "halted by the operator" in page(driver, ROLLOUT_JS)["text"]
+    assert sum("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)) == 1
+    shot = os.environ.get("EDGERUN_STATION_SCREENSHOT")  # the README's picture: a dead node, a halted canary
+    driver.save_screenshot(str(Path(shot) if shot else tmp_path / "station.png"))
+
+    # drone-3 is in the 50 % cohort (like drone-1, which took v2) and comes back after the halt
+    rig["nodes"]["drone-3"].start()
+    until(driver, "drone-3 back and refusing the halted release",
+          lambda: any("drone-3" in e and "not_in_rollout" in e and "0%" in e for e in page(driver, EVENTS_JS)),
+          rig, 120)
+    until(driver, "drone-3 running", lambda: rows(driver)["drone-3"]["state"] == "running", rig, 60)
+    assert rows(driver)["drone-3"]["model"] == "blazeface_short v1"
+    assert rows(driver)["drone-1"]["model"] == "blazeface_short v2"
+
+    status = subprocess.run(
+        [sys.executable, "-m", "edgerun", "fleet", "status", "--json", "--seconds", "2.5",
+         "--mqtt", f"127.0.0.1:{broker_port}"], capture_output=True, text=True, timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    versions = {n["id"]: n["model_version"] for n in report["nodes"]}
+    assert versions == {"drone-1": 2, "drone-2": 1, "drone-3": 1}
+    assert report["rollouts"]["blazeface_short"]["phase"] == "halted"
+
+
+def _get_ok(driver: Any, url: str) -> bool:
+    try:
+        driver.get(url)
+    except Exception:
+        return False
+    return "edgerun ground station" in driver.title
+
+
+def test_actions_are_refused_without_the_signing_key_or_a_confirmation(tmp_path):
+    """A read-only station answers 403 to a halt; any station wants the confirmation header (400)."""
+    import urllib.error
+    import urllib.request
+
+    with run_mosquitto() as broker:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
+             "--bind", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            assert "read-only (no --signing-key)" in proc.stdout.readline()
+
+            def post(headers: dict[str, str]) -> tuple[int, dict]:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/rollouts/m/halt", data=b"{}",
+                                                 headers=headers, method="POST")
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as r:
+                        return r.status, json.loads(r.read())
+                except urllib.error.HTTPError as err:
+                    return err.code, json.loads(err.read())
+
+            assert post({})[0] == 400
+            code, body = post({"X-Edgerun-Confirm": "m"})
+            assert code == 403 and "read-only" in body["error"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/snapshot", timeout=10) as r:
+                snap = json.loads(r.read())
+            assert snap["read_only"] is True
+        finally:
+            proc.terminate()
+            proc.wait(10)
