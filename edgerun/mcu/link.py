@@ -18,6 +18,7 @@ from edgerun.mcu.protocol import (
     Heartbeat,
     Hello,
     Message,
+    MsgType,
     ProtocolError,
     decode_message,
     encode_message,
@@ -51,6 +52,8 @@ class McuLink:
             if not isinstance(item, Frame):
                 self.counters.drops[item] += 1
                 continue
+            if item.type == MsgType.HELLO and item.seq == 0:
+                self._next_rx = None  # an MCU boots with HELLO as frame 0: a new numbering, not a gap
             self._track_seq(item.seq)
             try:
                 msg = decode_message(item)
@@ -68,10 +71,7 @@ class McuLink:
 
     def _track_seq(self, seq: int) -> None:
         if self._next_rx is not None:
-            gap = (seq - self._next_rx) & 0xFFFF
-            # A huge "gap" is the MCU restarting its numbering, not 60 000 lost frames.
-            if gap < 0x8000:
-                self.counters.lost += gap
+            self.counters.lost += (seq - self._next_rx) & 0xFFFF
         self._next_rx = (seq + 1) & 0xFFFF
 
     def send(self, msg: Message) -> tuple[int, bytes]:
