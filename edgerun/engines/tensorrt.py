@@ -1,9 +1,22 @@
 """TensorRT 10 engines (``model.engine``, built by ``edgerun model build-trt``) through pycuda.
 
+TensorRT 10 is what JetPack 6.1 and 6.2 ship (10.3); JetPack 6.0 ships TensorRT 8.6,
+which this engine refuses (``tensorrt_modules``), and NVIDIA has no TensorRT 11 for
+JetPack. TensorRT and pycuda are imported only when an engine opens.
+
 The engine gets its own CUDA context (blocking sync, so a waiting thread
 sleeps instead of spinning a core the other stages need) and pushes it around
 every call, so it can be opened on one thread and run on another (failover
-opens on its supervisor thread and infers on the engine's worker thread).
+opens on its supervisor thread and infers on the engine's worker thread) and
+closed on a third: pycuda's ``detach`` releases only a context that is current
+on the calling thread (or one made on it), so ``CudaContext.close`` pushes it
+first.
+
+At open, engines whose I/O the node cannot feed are refused as a ``ModelError``
+(a person must rebuild the engine; failover does not re-probe it): output shapes
+that depend on the data (-1 once the input shape is set), data types numpy has
+no type for (BF16, FP8, INT4, FP4), vectorised (non-linear) tensor formats and
+tensors that live on the host (shape tensors).
 
 Host buffers for the frame pool come from pycuda's page-locked memory:
 
@@ -71,7 +84,7 @@ def cuda_device_index(device: str) -> int:
 
 
 class CudaContext:
-    """A CUDA context of our own, made current around each use: ``with ctx:``."""
+    """A CUDA context of our own, made current around each use: ``with ctx:``; ``close()`` from any thread."""
 
     def __init__(self, cuda: Any, index: int) -> None:
         try:
@@ -97,8 +110,11 @@ class CudaContext:
     def __exit__(self, *exc: object) -> None:
         self.cuda.Context.pop()
 
-    def detach(self) -> None:
-        self.context.detach()
+    def close(self) -> None:
+        """Destroy the context. Off the thread that made it, pycuda's ``detach`` silently does nothing
+        unless the context is current, which leaked one context per failover retire, OTA swap and stop."""
+        self.context.push()
+        self.context.detach()  # current here, so it is destroyed (and popped with it)
 
 
 class TensorRTEngine(Engine):
@@ -122,7 +138,9 @@ class TensorRTEngine(Engine):
             with self._ctx:
                 self._load()
         except BaseException:
-            self._ctx.detach()
+            with self._ctx:
+                self._release()  # TensorRT objects and buffers go while their context is current
+            self._ctx.close()
             raise
 
     def _load(self) -> None:
@@ -137,33 +155,7 @@ class TensorRTEngine(Engine):
             )
         self._engine = engine
         self._context = engine.create_execution_context()
-        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        if len(inputs) != 1:
-            raise ModelError(f"{self.model_path}: expected 1 input tensor, found {len(inputs)}")
-        name = inputs[0]
-        shape = tuple(int(d) for d in engine.get_tensor_shape(name))
-        if any(d < 0 for d in shape):
-            # Dynamic dimensions: batch 1 at the optimisation profile's preferred size.
-            _, opt, _ = engine.get_tensor_profile_shape(name, 0)
-            shape = (1, *(int(d) for d in tuple(opt)[1:]))
-            self._context.set_input_shape(name, shape)
-        self.input_spec = TensorSpec(
-            name=name,
-            shape=shape,
-            dtype=np.dtype(trt.nptype(engine.get_tensor_dtype(name))),
-            layout=image_layout(shape),
-        )
-        self.output_specs = [
-            TensorSpec(
-                name=n,
-                shape=tuple(int(d) for d in self._context.get_tensor_shape(n)),
-                dtype=np.dtype(trt.nptype(engine.get_tensor_dtype(n))),
-                layout="",
-            )
-            for n in outputs
-        ]
+        self.input_spec, self.output_specs = io_specs(trt, engine, self._context, self.model_path)
         self._stream = cuda.Stream()
         # Device-side buffers: the targets of the copies on a discrete GPU, and the fallback for
         # host buffers we did not allocate on an integrated one.
@@ -229,21 +221,102 @@ class TensorRTEngine(Engine):
             stream.synchronize()
         return outputs
 
+    def _release(self) -> None:
+        self._context = None
+        self._engine = None
+        self._runtime = None
+        self._device_in = None
+        self._device_out = []
+        self._stream = None
+        self._pinned.clear()
+        self._keep.clear()
+
     def close(self) -> None:
+        """Release everything; callable from any thread (failover retires engines on its own threads)."""
         ctx = getattr(self, "_ctx", None)
         if ctx is None:
             return
         with ctx:
-            self._context = None
-            self._engine = None
-            self._runtime = None
-            self._device_in = None
-            self._device_out = []
-            self._stream = None
-            self._pinned.clear()
-            self._keep.clear()
-        ctx.detach()
+            self._release()
+        ctx.close()
         self._ctx = None  # type: ignore[assignment]
+
+
+# TensorRT data types that numpy has a type for, by trt.DataType member name; the rest
+# (BF16, FP8, INT4, FP4) cannot be fed or read through numpy buffers.
+NUMPY_DTYPES: dict[str, type] = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "INT8": np.int8,
+    "UINT8": np.uint8,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "BOOL": np.bool_,
+}
+
+
+def _enum_name(value: Any) -> str:
+    return str(getattr(value, "name", value)).rpartition(".")[2]
+
+
+def numpy_dtype(trt: Any, dtype: Any, what: str) -> np.dtype:
+    """The numpy dtype of a TensorRT data type, or ModelError naming the tensor (``what``)."""
+    for name, np_type in NUMPY_DTYPES.items():
+        if getattr(trt.DataType, name, None) == dtype:
+            return np.dtype(np_type)
+    raise ModelError(
+        f"{what} has data type {_enum_name(dtype)}, which numpy cannot hold; "
+        "rebuild the engine with FP32, FP16 or integer I/O (edgerun model build-trt keeps the ONNX I/O types)"
+    )
+
+
+def io_specs(trt: Any, engine: Any, context: Any, path: Path) -> tuple[TensorSpec, list[TensorSpec]]:
+    """The input and output specs of a deserialised engine, or ModelError for I/O the node cannot serve.
+
+    Sets the input shape on ``context`` (batch 1 at the profile's preferred size) when it is dynamic.
+    """
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+    if len(inputs) != 1:
+        raise ModelError(f"{path}: expected 1 input tensor, found {len(inputs)}")
+    for n in names:
+        location = engine.get_tensor_location(n)
+        if location != trt.TensorLocation.DEVICE:
+            raise ModelError(
+                f"{path}: tensor {n!r} lives on the host ({_enum_name(location)}: a shape tensor); "
+                "edgerun feeds device buffers only"
+            )
+        fmt = engine.get_tensor_format(n)
+        if fmt != trt.TensorFormat.LINEAR:
+            raise ModelError(
+                f"{path}: tensor {n!r} has the vectorised format {_enum_name(fmt)}; edgerun reads and writes "
+                "linear (row-major) buffers: rebuild without I/O format constraints"
+            )
+    name = inputs[0]
+    shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+    if any(d < 0 for d in shape):
+        # Dynamic dimensions: batch 1 at the optimisation profile's preferred size.
+        _, opt, _ = engine.get_tensor_profile_shape(name, 0)
+        shape = (1, *(int(d) for d in tuple(opt)[1:]))
+        context.set_input_shape(name, shape)
+    input_spec = TensorSpec(
+        name=name,
+        shape=shape,
+        dtype=numpy_dtype(trt, engine.get_tensor_dtype(name), f"{path}: input {name!r}"),
+        layout=image_layout(shape),
+    )
+    output_specs = []
+    for n in outputs:
+        out_shape = tuple(int(d) for d in context.get_tensor_shape(n))
+        if any(d < 0 for d in out_shape):
+            raise ModelError(
+                f"{path}: output {n!r} has a data-dependent shape {out_shape} (e.g. NonZero or NMS inside the "
+                "engine); export the model with fixed-size outputs and decode on the host"
+            )
+        dtype = numpy_dtype(trt, engine.get_tensor_dtype(n), f"{path}: output {n!r}")
+        output_specs.append(TensorSpec(name=n, shape=out_shape, dtype=dtype, layout=""))
+    return input_spec, output_specs
 
 
 def _nbytes(spec: TensorSpec) -> int:

@@ -7,27 +7,38 @@ is written next to the model as ``model.engine`` and registered as the
 bundle's ``tensorrt`` variant. A bundle without an ``.onnx`` variant gets one
 first, converted from its TFLite model (``tflite2onnx``, pure Python).
 
-Written for the TensorRT 10 API (JetPack 6). TensorRT 11 runs the same
-engines but builds strongly typed networks only: there FP16 must come from
-the ONNX model itself and calibrated INT8 is gone (both are reported).
+Written for the TensorRT 10 API: JetPack 6.1 and 6.2 ship TensorRT 10.3
+(JetPack 6.0 ships 8.6, which edgerun does not support). TensorRT 11 has no
+JetPack release and removes the precision builder flags (FP16, INT8) and the
+INT8 calibrator: networks are strongly typed, so precision comes from the
+ONNX model itself (ModelOpt AutoCast, Q/DQ nodes); both are reported. An
+engine runs only under the TensorRT version that built it: after an upgrade,
+build it again.
 
-Precision: FP16 unless ``--no-fp16``; INT8 when calibration data is given:
-a ``.npy`` array of preprocessed input tensors (N x the input shape, or N
-tensors with a leading batch of 1), or a directory of images, preprocessed
-with the bundle's own settings. INT8 uses TensorRT's entropy calibrator
+The input tensor's spec (shape, data type, layout) is read from the network
+TensorRT parsed, so building needs neither ONNX Runtime nor the bundle's
+other variants. Precision: FP16 unless ``--no-fp16``; INT8 when calibration
+data is given: a ``.npy`` array of preprocessed input tensors (N x the input
+shape, or N tensors with a leading batch of 1), or a directory of images,
+preprocessed with the bundle's own settings; the calibrator feeds them in the
+input tensor's own data type. INT8 uses TensorRT's entropy calibrator
 (implicit quantisation; deprecated in TensorRT 10 in favour of Q/DQ models,
-still supported), and the calibration cache is kept beside the engine.
+still supported), and the calibration cache is kept beside the engine. The
+engine and the cache are written atomically (temporary file, fsync, rename):
+an interrupted build never leaves a truncated engine for a node to load.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from edgerun.engines.base import TensorSpec
 from edgerun.errors import EngineError, ModelError
 
 log = logging.getLogger(__name__)
@@ -73,31 +84,52 @@ def onnx_variant(bundle_root: Path) -> Path:
 
 
 def _register_variant(manifest_path: Path, key: str, file_name: str) -> None:
-    import tomllib
+    from edgerun.models.bundle import MANIFEST, write_manifest
+    from edgerun.tomlfile import load_toml
 
-    from edgerun.models.bundle import write_manifest
-
-    data = tomllib.loads(manifest_path.read_text(encoding="utf-8"))
+    data = load_toml(manifest_path, ModelError, MANIFEST)
     data.setdefault("variants", {})[key] = file_name
     write_manifest(manifest_path.parent, data)
 
 
-def _input_spec(onnx_path: Path) -> Any:
-    from edgerun.engines.base import EngineOptions
-    from edgerun.engines.onnx import OnnxEngine
-
-    engine = OnnxEngine(onnx_path, EngineOptions(num_threads=1, extra={"providers": ["CPUExecutionProvider"]}))
+def write_atomically(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole or keeps what it held: temporary file, fsync, rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        return engine.input_spec
-    finally:
-        engine.close()
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def calibration_tensors(source: Path, onnx_path: Path, bundle_root: Path | None) -> np.ndarray:
-    """(N, *input shape[1:]) float32 tensors for INT8 calibration, from a .npy or a directory of images."""
-    spec = _input_spec(onnx_path)
+def network_input_spec(trt: Any, network: Any, onnx_path: Path) -> TensorSpec:
+    """The parsed network's one input as the node will feed it: batch 1, its own data type."""
+    from edgerun.engines.onnx import image_layout
+    from edgerun.engines.tensorrt import numpy_dtype
+
+    if network.num_inputs != 1:
+        raise ModelError(f"{onnx_path}: expected 1 input tensor, found {network.num_inputs}")
+    tensor = network.get_input(0)
+    shape = tuple(int(d) for d in tuple(tensor.shape))
+    if any(d < 0 for d in shape[1:]):
+        raise ModelError(f"input {tensor.name!r} has dynamic dimensions {shape}; export a fixed image size")
+    shape = (1, *shape[1:])
+    dtype = numpy_dtype(trt, tensor.dtype, f"{onnx_path}: input {tensor.name!r}")
+    return TensorSpec(name=tensor.name, shape=shape, dtype=dtype, layout=image_layout(shape))
+
+
+def calibration_tensors(source: Path, spec: TensorSpec, bundle_root: Path | None) -> np.ndarray:
+    """(N, *input shape[1:]) tensors in the input's own dtype for INT8 calibration, from a .npy or images."""
     if source.suffix == ".npy":
-        data = np.load(source).astype(np.float32, copy=False)
+        try:
+            data = np.load(source, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise ModelError(f"{source}: not a readable .npy array ({err})") from None
+        data = data.astype(spec.dtype, copy=False)
         if data.shape[1:] == tuple(spec.shape):  # (N, 1, C, H, W)
             data = data.reshape(data.shape[0], *spec.shape[1:])
         if data.shape[1:] != tuple(spec.shape[1:]):
@@ -116,7 +148,7 @@ def calibration_tensors(source: Path, onnx_path: Path, bundle_root: Path | None)
     paths = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:MAX_CALIBRATION_IMAGES]
     if not paths:
         raise ModelError(f"{source}: no images ({', '.join(IMAGE_SUFFIXES)}) to calibrate with")
-    tensors = np.empty((len(paths), *spec.shape[1:]), np.float32)
+    tensors = np.empty((len(paths), *spec.shape[1:]), spec.dtype)
     tensor = np.empty(spec.shape, spec.dtype)
     for i, path in enumerate(paths):
         image = cv2.imread(str(path), cv2.IMREAD_COLOR)
@@ -132,11 +164,14 @@ def build_engine(
     engine_path: Path,
     *,
     fp16: bool = True,
-    calibration: np.ndarray | None = None,
+    calibration: Callable[[TensorSpec], np.ndarray] | None = None,
     workspace_mb: int = 1024,
     device: str = "",
 ) -> dict[str, Any]:
-    """Build and write a serialised TensorRT engine; returns what was built (for the CLI to print)."""
+    """Build and write a serialised TensorRT engine; returns what was built (for the CLI to print).
+
+    ``calibration`` (INT8) gets the parsed network's input spec and returns the calibration tensors.
+    """
     from edgerun.engines.tensorrt import CudaContext, cuda_device_index, tensorrt_modules, trt_logger
 
     trt, cuda = tensorrt_modules()
@@ -151,6 +186,7 @@ def build_engine(
             if not parser.parse_from_file(str(onnx_path)):
                 errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
                 raise ModelError(f"{onnx_path}: TensorRT's ONNX parser refused it ({errors or 'no detail'})")
+            spec = network_input_spec(trt, network, onnx_path)
             config = builder.create_builder_config()
             config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
             _fixed_batch_profile(trt, builder, network, config)
@@ -170,15 +206,16 @@ def build_engine(
                         "nodes instead (NVIDIA ModelOpt), or build with TensorRT 10"
                     )
                 config.set_flag(trt.BuilderFlag.INT8)
-                calibrator = _entropy_calibrator(trt, cuda, calibration, engine_path.with_suffix(".calib"))
+                tensors = calibration(spec)
+                calibrator = entropy_calibrator(trt, cuda, tensors, spec, engine_path.with_suffix(".calib"))
                 config.int8_calibrator = calibrator
                 precision.append("int8")
             serialized = builder.build_serialized_network(network, config)
             if serialized is None:
                 raise EngineError(f"{onnx_path}: TensorRT could not build an engine (see the TensorRT log above)")
-            engine_path.write_bytes(bytes(serialized))
+            write_atomically(engine_path, bytes(serialized))
     finally:
-        ctx.detach()
+        ctx.close()
     return {
         "onnx": str(onnx_path),
         "engine": str(engine_path),
@@ -206,13 +243,15 @@ def _fixed_batch_profile(trt: Any, builder: Any, network: Any, config: Any) -> N
         config.add_optimization_profile(profile)
 
 
-def _entropy_calibrator(trt: Any, cuda: Any, tensors: np.ndarray, cache_path: Path) -> Any:
+def entropy_calibrator(trt: Any, cuda: Any, tensors: np.ndarray, spec: TensorSpec, cache_path: Path) -> Any:
+    """TensorRT's entropy calibrator over ``tensors``, fed in the input tensor's own dtype."""
+
     class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[name-defined,misc]
         """Feeds the calibration tensors one at a time through one device buffer."""
 
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
-            self.tensors = np.ascontiguousarray(tensors, dtype=np.float32)
+            self.tensors = np.ascontiguousarray(tensors, dtype=spec.dtype)
             self.index = 0
             self.device = cuda.mem_alloc(self.tensors[0:1].nbytes)
 
@@ -230,7 +269,7 @@ def _entropy_calibrator(trt: Any, cuda: Any, tensors: np.ndarray, cache_path: Pa
             return cache_path.read_bytes() if cache_path.is_file() else None
 
         def write_calibration_cache(self, cache: Any) -> None:
-            cache_path.write_bytes(bytes(cache))
+            write_atomically(cache_path, bytes(cache))
 
     return EntropyCalibrator()
 
@@ -258,7 +297,13 @@ def build_trt_command(
         engine_path = Path(out) if out else path.with_suffix(".engine")
     else:
         raise ModelError(f"{source}: expected a .onnx file or a model bundle directory")
-    calib = calibration_tensors(Path(calibration), onnx_path, bundle_root) if calibration else None
+    calib = None
+    if calibration:
+        calib_source = Path(calibration)
+
+        def calib(spec: TensorSpec) -> np.ndarray:
+            return calibration_tensors(calib_source, spec, bundle_root)
+
     result = build_engine(
         onnx_path, engine_path, fp16=fp16, calibration=calib, workspace_mb=workspace_mb, device=device
     )

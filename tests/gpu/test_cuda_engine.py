@@ -175,6 +175,48 @@ def test_context_is_usable_from_another_thread(cuda):
     engine.close()
 
 
+def _free_bytes(cuda) -> int:
+    """Free device memory, read through a context of its own (each engine context costs device memory)."""
+    probe = cuda.Device(0).make_context()
+    try:
+        return cuda.mem_get_info()[0]
+    finally:
+        probe.pop()
+        probe.detach()
+
+
+def _close_on_another_thread(engine) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            engine.close()
+        except BaseException as err:
+            errors.append(err)
+
+    closer = threading.Thread(target=close)  # failover retires and OTA swaps close off the opening thread
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive() and not errors, errors
+
+
+def test_an_engine_closed_from_another_thread_gives_its_context_back(cuda):
+    """pycuda's detach does nothing off the opening thread unless the context is current: that leaked a
+    context (and its device memory) per failover retire, OTA swap and stop."""
+    before = _free_bytes(cuda)
+    engines = [standin_engine(cuda, zero_copy=False) for _ in range(4)]
+    during = _free_bytes(cuda)
+    assert during < before  # four contexts hold device memory
+    for engine in engines:
+        _close_on_another_thread(engine)
+    after = _free_bytes(cuda)
+    # Back to where it was, give or take the driver's own bookkeeping (far less than one context).
+    per_context = (before - during) / len(engines)
+    assert before - after < per_context / 2, (before, during, after)
+
+
 # -- TensorRT itself --------------------------------------------------------------------------
 
 
@@ -218,6 +260,8 @@ def test_tensorrt_engine_runs_and_agrees_with_tflite(trt_bundle, astronaut_rgb):
 
 def test_tensorrt_serves_and_fails_over_to_the_cpu(trt_bundle, tmp_path):
     """The node's failover over a real TensorRT engine: it serves, and an injected fault moves to TFLite."""
+    import time
+
     from edgerun.config import parse_config
     from edgerun.node import open_failover
     from edgerun.service.health import Health
@@ -231,6 +275,11 @@ def test_tensorrt_serves_and_fails_over_to_the_cpu(trt_bundle, tmp_path):
         lane = failover._lanes[runtime]
         failover.fault(lane, "injected by the GPU test")
         assert failover.active_key == "tflite" and health.state == "degraded"
+        # The faulted lane is retired and its engine closed, on a thread other than the one that opened it.
+        deadline = time.monotonic() + 60
+        while runtime.engine._ctx is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runtime.engine._ctx is None, "the faulted TensorRT lane was never closed"
     finally:
         failover.close()
     assert not list((tmp_path / "state").glob("inflight-*"))
