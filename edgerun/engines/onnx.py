@@ -6,6 +6,14 @@ We take the first provider of ``PROVIDER_PREFERENCE`` that the build has, with
 CPU always last, so one bundle and one config run on every node. Outputs are
 written straight into the caller's buffers through an I/O binding, so steady
 state allocates nothing.
+
+The TensorRT provider builds a TensorRT engine for the graph when a session
+opens, which takes minutes on a Jetson; its engine cache
+(``trt_engine_cache_enable``/``trt_engine_cache_path``) keeps the built engines
+under the node's state directory (``<state>/onnx-trt-cache``), so a restart, a
+re-probe after a failover or an OTA swap back to a known model loads instead of
+rebuilding. ONNX Runtime keys the files by the model and the GPU, and rebuilds
+when the TensorRT version changes.
 """
 
 from __future__ import annotations
@@ -59,8 +67,14 @@ def image_layout(shape: tuple[int, ...]) -> str:
     return "NHWC"
 
 
-def choose_providers(available: list[str], device: str) -> list[Any]:
-    """Providers in our order of preference among ``available``; ``device`` "cuda:N" picks the GPU."""
+TRT_CACHE_DIR = "onnx-trt-cache"
+
+
+def choose_providers(available: list[str], device: str, trt_cache: Path | None = None) -> list[Any]:
+    """Providers in our order of preference among ``available``; ``device`` "cuda:N" picks the GPU.
+
+    ``trt_cache``: where the TensorRT provider keeps the engines it builds (None: no cache).
+    """
     device_id = 0
     if device.startswith("cuda:"):
         try:
@@ -73,7 +87,10 @@ def choose_providers(available: list[str], device: str) -> list[Any]:
             continue
         if device == "cpu" and name != "CPUExecutionProvider":
             continue
-        if name in ("TensorrtExecutionProvider", "CUDAExecutionProvider"):
+        if name == "TensorrtExecutionProvider" and trt_cache is not None:
+            cache = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(trt_cache)}
+            chosen.append((name, {"device_id": device_id, **cache}))
+        elif name in ("TensorrtExecutionProvider", "CUDAExecutionProvider"):
             chosen.append((name, {"device_id": device_id}))
         else:
             chosen.append(name)
@@ -100,6 +117,20 @@ def _dtype(type_str: str, name: str, path: Path) -> np.dtype:
         raise ModelError(f"{path}: tensor {name!r} has unsupported type {type_str}") from None
 
 
+def trt_cache_dir(options: EngineOptions) -> Path | None:
+    """``<state dir>/onnx-trt-cache``, made if missing; None (no cache, a warning) where it cannot be."""
+    from edgerun.engines.breadcrumb import default_state_dir
+
+    state = options.extra.get("state_dir")
+    path = (Path(state) if state else default_state_dir()) / TRT_CACHE_DIR
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        log.warning("onnx: no TensorRT engine cache in %s (%s); engines are rebuilt at every open", path, err)
+        return None
+    return path
+
+
 class OnnxEngine(Engine):
     """A .onnx model through ONNX Runtime on the best provider available here."""
 
@@ -110,7 +141,11 @@ class OnnxEngine(Engine):
         if not self.model_path.is_file():
             raise ModelError(f"model file {self.model_path} not found")
         ort = onnxruntime_module()
-        providers = options.extra.get("providers") or choose_providers(ort.get_available_providers(), options.device)
+        available = ort.get_available_providers()
+        trt_cache = None
+        if "TensorrtExecutionProvider" in available:
+            trt_cache = trt_cache_dir(options)
+        providers = options.extra.get("providers") or choose_providers(available, options.device, trt_cache)
         if not providers:
             raise EngineError(f"onnxruntime {ort.__version__} offers no usable execution provider")
         sess_options = ort.SessionOptions()

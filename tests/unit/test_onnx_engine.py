@@ -131,6 +131,12 @@ def test_provider_choice_follows_preference_and_device():
         "CPUExecutionProvider",
     ]
     assert choose_providers(available, "cpu") == ["CPUExecutionProvider"]
+    cached = choose_providers(available, "cuda:0", Path("/var/lib/edgerun/onnx-trt-cache"))
+    assert cached[0] == (
+        "TensorrtExecutionProvider",
+        {"device_id": 0, "trt_engine_cache_enable": True, "trt_engine_cache_path": "/var/lib/edgerun/onnx-trt-cache"},
+    )
+    assert cached[1] == ("CUDAExecutionProvider", {"device_id": 0})  # the cache is TensorRT's alone
     with pytest.raises(EngineError, match="expected cuda:N"):
         choose_providers(available, "cuda:x")
 
@@ -139,3 +145,17 @@ def test_image_layout_from_shape():
     assert image_layout((1, 3, 224, 224)) == "NCHW"
     assert image_layout((1, 224, 224, 3)) == "NHWC"
     assert image_layout((1, 896, 16)) == ""
+
+
+def test_the_tensorrt_engine_cache_lives_under_the_state_directory(tmp_path, monkeypatch):
+    from edgerun.engines.base import EngineOptions
+    from edgerun.engines.onnx import trt_cache_dir
+
+    assert trt_cache_dir(EngineOptions(extra={"state_dir": str(tmp_path / "state")})) == (
+        tmp_path / "state" / "onnx-trt-cache"
+    )
+    assert (tmp_path / "state" / "onnx-trt-cache").is_dir()
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "systemd-state"))  # systemd's StateDirectory=
+    assert trt_cache_dir(EngineOptions()) == tmp_path / "systemd-state" / "onnx-trt-cache"
+    (tmp_path / "file").write_text("")
+    assert trt_cache_dir(EngineOptions(extra={"state_dir": str(tmp_path / "file")})) is None  # not a directory
