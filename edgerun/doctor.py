@@ -1,7 +1,10 @@
 """``edgerun doctor``: which inference back ends this node can use, and why not.
 
 Each probe imports the back end's library and looks for its devices without
-loading a model, so doctor runs in a second on any board.
+loading a model, so doctor runs in a second on any board. It also says which
+video back ends the OpenCV in use was built with: pip's OpenCV wheels have
+V4L2 and FFmpeg but no GStreamer, so on a Jetson the CSI camera pipeline
+(``nvarguscamerasrc``) needs JetPack's system OpenCV (README, Installing on Jetson).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import importlib
 import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -82,6 +86,33 @@ def probe_onnx() -> dict[str, Any]:
     return {"ok": True, "library": "onnxruntime", "version": ort.__version__, "devices": chosen}
 
 
+# The Video I/O back ends a node's sources use, as cv2.getBuildInformation() names them.
+VIDEO_IO = {"gstreamer": "GStreamer", "v4l2": "v4l/v4l2", "ffmpeg": "FFMPEG"}
+JETSON_RELEASE_FILE = Path("/etc/nv_tegra_release")
+
+
+def opencv_video_io(build_information: str) -> dict[str, bool]:
+    """Which of GStreamer, V4L2 and FFmpeg an OpenCV build has, from its build information text."""
+    found: dict[str, bool] = {}
+    for key, label in VIDEO_IO.items():
+        match = re.search(rf"^\s*{re.escape(label)}:\s*(\S+)", build_information, re.MULTILINE)
+        found[key] = bool(match) and match.group(1).upper() == "YES"
+    return found
+
+
+def probe_opencv() -> dict[str, Any]:
+    import cv2
+
+    report: dict[str, Any] = {"version": cv2.__version__, "path": str(Path(cv2.__file__).parent)}
+    report.update(opencv_video_io(cv2.getBuildInformation()))
+    if not report["gstreamer"] and JETSON_RELEASE_FILE.exists():
+        report["hint"] = (
+            "this OpenCV has no GStreamer, so no nvarguscamerasrc (CSI cameras): use JetPack's system OpenCV, "
+            "in a venv made with --system-site-packages and no opencv-python* wheel (README, Installing on Jetson)"
+        )
+    return report
+
+
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "tflite": probe_tflite,
     "edgetpu": probe_edgetpu,
@@ -99,6 +130,7 @@ def doctor_report() -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": _version("numpy"),
         "opencv": _version("cv2"),
+        "opencv_video_io": probe_opencv(),
         "backends": backends,
     }
 
@@ -109,6 +141,11 @@ def run_doctor(as_json: bool = False) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"machine {report['machine']}, python {report['python']}, numpy {report['numpy']}, opencv {report['opencv']}")
+    video = report["opencv_video_io"]
+    has = ", ".join(f"{key} {'yes' if video[key] else 'no'}" for key in VIDEO_IO)
+    print(f"  opencv    video I/O: {has}  ({video['path']})")
+    if "hint" in video:
+        print(f"            {video['hint']}")
     for key, result in report["backends"].items():
         if result["ok"]:
             devices = ", ".join(result.get("devices", []))
