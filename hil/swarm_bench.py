@@ -61,6 +61,7 @@ class Member:
     refutations: int = 0
     final_stats: dict[str, Any] | None = None
     last_stats: dict[str, Any] | None = None
+    stats_lines: int = 0
     reader: asyncio.Task[None] | None = None
 
 
@@ -110,10 +111,11 @@ class Scenario:
     def on_line(self, member: Member, line: str, now: float) -> None:
         raise NotImplementedError
 
-    def bytes_sent(self, member: Member) -> int | None:
-        if self.lab is not None and member.lab_node is not None:
-            return self.lab.link_bytes(member.lab_node)[1]
-        return None
+    async def bytes_sent(self) -> list[int | None]:
+        """What each member has sent so far: its veth's kernel count in namespaces, else nothing."""
+        if self.lab is None:
+            return [None] * len(self.members)
+        return [self.lab.link_bytes(m.lab_node)[1] if m.lab_node is not None else None for m in self.members]
 
     # -- running -----------------------------------------------------------------------------------------------
 
@@ -169,16 +171,16 @@ class Scenario:
                 notes.append(f"{self.implementation}: no full membership within {join_timeout_s:.0f} s")
 
             # Steady phase: link bytes and CPU of every process over the same window.
-            sent0 = [self.bytes_sent(m) for m in self.members]
+            sent0 = await self.bytes_sent()
             cpu0 = [_cpu_seconds(m.process.pid) if m.process else None for m in self.members]
             t0 = loop.time()
             await asyncio.sleep(seconds)
             elapsed = loop.time() - t0
-            sent1 = [self.bytes_sent(m) for m in self.members]
+            sent1 = await self.bytes_sent()
             cpu1 = [_cpu_seconds(m.process.pid) if m.process else None for m in self.members]
             rates = [(b - a) / elapsed for a, b in zip(sent0, sent1) if a is not None and b is not None]
             cpus = [100 * (b - a) / elapsed for a, b in zip(cpu0, cpu1) if a is not None and b is not None]
-            bytes_per_node_s = statistics.fmean(rates) if rates else self.reported_bytes_per_node_s(elapsed)
+            bytes_per_node_s = statistics.fmean(rates) if rates else None
 
             # Failure detection: SIGKILL the last member, every other one must declare it dead.
             victim = self.members[-1]
@@ -207,9 +209,6 @@ class Scenario:
             }, notes)
         finally:
             await self._kill_all()
-
-    def reported_bytes_per_node_s(self, elapsed: float) -> float | None:
-        return None
 
     def protocol_counts(self) -> tuple[int, int]:
         return sum(m.suspicions for m in self.members), sum(m.refutations for m in self.members)
@@ -259,6 +258,17 @@ class EdgerunScenario(Scenario):
             argv += ["--loss", str(self.loss)]  # loopback: the transport's own receive loss stands in for nftables
         return argv
 
+    async def bytes_sent(self) -> list[int | None]:
+        if self.lab is not None:
+            return await super().bytes_sent()
+        # Loopback: no veth per member, so ask each agent for its own count of sealed bytes sent (SIGUSR1).
+        before = [m.stats_lines for m in self.members]
+        running = [m for m in self.members if m.process is not None and m.process.returncode is None]
+        for member in running:
+            member.process.send_signal(signal.SIGUSR1)  # type: ignore[union-attr]
+        await self._until(lambda: all(m.stats_lines > b for m, b in zip(self.members, before) if m in running), 10)
+        return [int(m.last_stats["bytes_out"]) if m.last_stats and m in running else None for m in self.members]
+
     def on_line(self, member: Member, line: str, now: float) -> None:
         try:
             record = json.loads(line)
@@ -286,6 +296,7 @@ class EdgerunScenario(Scenario):
                     member.dead_at.setdefault(name, now)
         elif ev == "stats":
             member.last_stats = record
+            member.stats_lines += 1
         elif ev == "stopped":
             member.final_stats = record
 

@@ -75,7 +75,7 @@ class SwarmTransport:
         self.counters: Counter[str] = Counter()
         self._udp: asyncio.DatagramTransport | None = None
         self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.Task[Any]] = set()
+        self._clients: set[asyncio.Task[Any]] = set()  # stream exchanges in flight, both directions
         self.address: Address | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -215,6 +215,9 @@ class SwarmTransport:
     async def _serve_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         addr: Address = (peer[0], peer[1]) if peer else ("", 0)
+        task = asyncio.current_task()
+        if task is not None:
+            self._clients.add(task)  # close() cancels a handler still waiting on a slow peer
         try:
             request = await asyncio.wait_for(self._read_frame(reader, addr), self.tcp_timeout_s)
             if request is None:
@@ -245,6 +248,8 @@ class SwarmTransport:
         except (OSError, asyncio.IncompleteReadError):
             self._count("stream_failed")
         finally:
+            if task is not None:
+                self._clients.discard(task)
             writer.close()
             try:
                 await writer.wait_closed()

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -218,3 +219,14 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
                 await agent.stop(leave=False)
 
     asyncio.run(scenario())
+
+
+def test_agent_with_a_bad_key_file_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "swarm.key"
+    bad.write_text("not-a-key\n")
+    for key_file, message in ((tmp_path / "missing.key", "not found"), (bad, ":1: not a base64 key")):
+        proc = subprocess.run([sys.executable, "-m", "swarm.agent", "--name", "n0", "--bind", "127.0.0.1:0",
+                               "--key", str(key_file)], capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert proc.returncode == 2
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"swarm.agent: {key_file}") and message in lines[0]

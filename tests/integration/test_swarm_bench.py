@@ -55,3 +55,12 @@ def test_cli_rejects_bad_arguments_with_one_line(tmp_path):
                           text=True, cwd=REPO)
     assert proc.returncode == 2 and "--timing must be a JSON object" in proc.stderr
 
+
+
+def test_loopback_fallback_uses_transport_loss_and_says_so():
+    result = run_swarm_bench(3, 0.1, 1.0, timing=FAST, with_serf=False, force_loopback=True,
+                             join_timeout_s=30, detect_timeout_s=30)
+    assert result["mode"] == "loopback" and result["impairment"] == "transport receive loss"
+    assert any("loopback with the transport's own loss injection" in note for note in result["notes"])
+    ours = result["edgerun"]
+    assert ours["detect_max_s"] is not None and ours["bytes_per_node_s"] > 0
