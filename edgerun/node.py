@@ -183,7 +183,7 @@ class Node:
         )
         self.updater: Any = None  # edgerun.ota.updater.Updater when ota.enabled
         self.source: Source | None = None
-        self._source_open = True
+        self._source_error = ""  # why the source did not open at start ("" when it did)
         self._starting: Failover | None = None  # the failover being opened by build, until it serves
         self._aborted = False  # a stop came during build
         # Auxiliary services started by serve, stopped in reverse order (sinks, HTTP, pipeline, watchdog, OTA).
@@ -376,8 +376,8 @@ class Node:
             source.open()
         except SourceError as err:
             # A camera that is not there yet must not keep the node down: run degraded and keep trying.
-            self._source_open = False
-            self.health.set_problem("source", str(err))
+            self._source_error = str(err)
+            self.health.set_problem("source", self._source_error)
             log.warning("%s; the node starts degraded and keeps trying", err)
             source.width = source.width or cfg.source.width or FALLBACK_FRAME_SIZE[0]
             source.height = source.height or cfg.source.height or FALLBACK_FRAME_SIZE[1]
@@ -435,7 +435,7 @@ class Node:
             await self._start_http()
             # Stall time counts from here: loading the model and the scene is not a stalled pipeline.
             self.t_pipeline_start = time.monotonic()
-            pipeline.start(source_open=self._source_open)
+            pipeline.start(source_open=not self._source_error, source_error=self._source_error)
             services.push_async_callback(self._drain, pipeline)
             self._start_task(self._watchdog().run())
             self._start_task(self._watch_sinks())

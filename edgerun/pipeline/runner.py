@@ -332,6 +332,7 @@ class Pipeline:
         self.finished = threading.Event()  # set when the decode stage has drained
         self.end_of_stream = threading.Event()
         self._source_open = True
+        self._source_error = ""
         self._cores = os.cpu_count() or 1
         if settings.stage_threads == "auto":
             self.fused = self._cpu_bound(runtime)
@@ -403,9 +404,11 @@ class Pipeline:
 
     # -- lifecycle -----------------------------------------------------------
 
-    def start(self, source_open: bool = True) -> None:
-        """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source."""
+    def start(self, source_open: bool = True, source_error: str = "") -> None:
+        """Start the stage threads; with ``source_open=False`` capture begins by (re)opening the source
+        (``source_error``: why it did not open, kept as the health reason)."""
         self._source_open = source_open
+        self._source_error = source_error
         settings = self.settings
         self._next_due = time.monotonic()
         self._seq = 0
@@ -488,7 +491,8 @@ class Pipeline:
         stats, source, settings = self.stats, self.source, self.settings
         if not self._source_open:
             self._source_open = True
-            self._backoff = self._reopen(f"source {source.KEY} not available at start", self._backoff)
+            reason = self._source_error or f"source {source.KEY} not available at start"
+            self._backoff = self._reopen(reason, self._backoff)
         period = self._period
         while not self._stop.is_set():
             due, skip_before, skip_after = 0.0, 0, 0
