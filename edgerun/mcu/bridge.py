@@ -235,8 +235,12 @@ class McuBridge:
                     timeout = None if deadline is None else max(0.0, deadline - self.clock())
                     self._answer.clear()
                     if relay.next_deadline() is not None:
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(self._answer.wait(), timeout)
+                        # asyncio.wait, not wait_for: before 3.12 wait_for can swallow a cancel that races an ACK.
+                        waiter = asyncio.ensure_future(self._answer.wait())
+                        try:
+                            await asyncio.wait({waiter}, timeout=timeout)
+                        finally:
+                            waiter.cancel()
                     relay.poll(self.clock())
             finally:
                 self._relay = None
