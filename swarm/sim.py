@@ -10,7 +10,8 @@ Printed and written (``--json``): ``full_membership_s`` (every member sees all N
 ``detect_max_s`` (killed member declared dead, over all observers), ``suspicions``, ``refutations``,
 ``false_deaths`` (a member declared dead by an observer that could reach it while it was alive),
 ``bytes_per_node_s`` (datagrams and streams sent), ``duplicate_ratio`` (fleet reports of a ground target
-beyond the first within the dedup window, over targets seen by two or more drones), ``dedup_added_latency_s``
+while the object of an earlier report was still within the dedup window, i.e. the target never went unseen for
+a whole window in between, over targets seen by two or more drones), ``dedup_added_latency_s``
 (median time from a target's first sighting by any drone to its first fleet report).
 """
 
@@ -285,10 +286,16 @@ class SwarmSim:
                 if math.hypot(te - obj.east_m, tn - obj.north_m) <= cfg.dedup.radius_m:
                     reports.setdefault(nearest, []).append(t)
         multi = [t for t, sightings in self.first_seen.items() if len({n for _, n in sightings}) >= 2]
+        # A report is a duplicate when the target was never out of sight for a whole window since the previous
+        # report (so the dedup state of the earlier object was still alive somewhere).
         duplicates = 0
         for t in multi:
             times = sorted(reports.get(t, []))
-            duplicates += sum(1 for a, b in zip(times, times[1:]) if b - a <= window)
+            sightings = sorted(s for s, _ in self.first_seen[t])
+            for a, b in zip(times, times[1:]):
+                chain = [a] + [s for s in sightings if a <= s <= b] + [b]
+                if all(y - x <= window for x, y in zip(chain, chain[1:])):
+                    duplicates += 1
         # An episode starts when a target is seen after going unseen for a window (dedup state has expired);
         # its latency runs from that sighting to the first fleet report of the target.
         latencies: list[float] = []
