@@ -1,9 +1,11 @@
 """systemd's notify protocol (READY=1, STATUS=, WATCHDOG=1, STOPPING=1) and a progress-aware watchdog.
 
 systemd starts the unit with ``Type=notify`` and ``WatchdogSec=``; the node says
-READY=1 after its first inference and pings WATCHDOG=1 only while frames are
-being inferred, so a pipeline that hangs (a wedged accelerator driver, a dead
-camera thread) gets the process restarted even though its event loop is fine.
+READY=1 once it is built and its engines are warm (not on its first frame: a node
+whose camera is missing at boot is up, degraded, and must not be killed for it)
+and pings WATCHDOG=1 only while frames are being inferred or the camera is being
+reopened, so a pipeline that hangs (a wedged accelerator driver, a dead camera
+thread) gets the process restarted even though its event loop is fine.
 """
 
 from __future__ import annotations
