@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PACKET_BUDGET = 1400 - 64
 MAX_QUEUED_BROADCASTS = 1024
+MAX_MEMBERS = MAX_PUSH_MEMBERS
+MAX_RELAYS = 1024
 MAX_STORED_USER_MSGS = 4096
 MAX_FAILED_REMEMBERED = 1024
 # serf's reconnect_timeout: how long a failed member is still tried, in case a partition separates us.
@@ -563,6 +565,9 @@ class Membership:
             self._send(relay.requester, [encode_message(Ack(seq=relay.requester_seq))])
 
     def _on_indirect_ping(self, message: IndirectPing, addr: tuple[str, int], now: float) -> None:
+        if len(self._relays) >= MAX_RELAYS:
+            self.stats["dropped"]["relay_cap"] += 1
+            return
         seq = self._next_seq()
         self._relays[seq] = _Relay(message.seq, addr, message.nack, now + self.timing.probe_timeout_s)
         self._send(message.target_addr, [encode_message(Ping(seq=seq, target=message.target, source=self.local_name))])
@@ -582,6 +587,9 @@ class Membership:
         addr = (a.addr[0], a.addr[1])
         is_new = member is None
         if member is None:
+            if len(self._nodes) >= MAX_MEMBERS:
+                self.stats["dropped"]["member_cap"] += 1
+                return
             member = Member(a.name, addr, MemberState.DEAD, a.incarnation, bytes(a.meta), now)
             self._nodes[a.name] = member
             # memberlist adds a new member at a random place in the probe order

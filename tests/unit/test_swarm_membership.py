@@ -25,7 +25,19 @@ from swarm.membership import (
     suspicion_timeout,
 )
 from swarm.memnet import MemNet, Starvation
-from swarm.messages import Ack, Alive, Dead, Ping, Suspect, UserMsg, decode_packet, encode_message, encode_packet
+from swarm.messages import (
+    Ack,
+    Alive,
+    Dead,
+    IndirectPing,
+    Nack,
+    Ping,
+    Suspect,
+    UserMsg,
+    decode_packet,
+    encode_message,
+    encode_packet,
+)
 
 TIMING = SwarmTiming()
 
@@ -439,6 +451,43 @@ def test_receive_datagram_and_handle_stream_never_raise(garbage: list[bytes]) ->
         a.handle_stream(b"\x01" + data, addr(1), float(i))
     assert a.stats["dropped"]["internal"] == 0
     assert a.stats["received_packets"] == 2 * len(garbage)
+
+
+_names = st.sampled_from(["a", "b", "c", "d"])
+_incarnations = st.integers(min_value=0, max_value=12)
+_protocol_messages = st.one_of(
+    st.builds(Ping, seq=st.integers(0, 50), target=_names, source=_names),
+    st.builds(IndirectPing, seq=st.integers(0, 50), target=_names, target_addr=st.sampled_from([addr(1), addr(2)]),
+              nack=st.booleans()),
+    st.builds(Ack, seq=st.integers(0, 50)),
+    st.builds(Nack, seq=st.integers(0, 50)),
+    st.builds(Alive, name=_names, addr=st.sampled_from([addr(0), addr(1), addr(2), addr(3)]),
+              incarnation=_incarnations, meta=st.binary(max_size=8)),
+    st.builds(Suspect, name=_names, incarnation=_incarnations, source=_names),
+    st.builds(Dead, name=_names, incarnation=_incarnations, source=_names),
+    st.builds(UserMsg, sender=_names, key=st.binary(max_size=4), seq=st.integers(0, 5), payload=st.binary(max_size=8)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_protocol_messages, st.floats(min_value=0.0, max_value=3.0)), max_size=40))
+def test_any_sequence_of_valid_messages_keeps_the_state_consistent(script: list) -> None:
+    """Adversarial but well-formed input: no handler fails, and the invariants of the member table hold."""
+    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(0))
+    now = 0.0
+    for message, step in script:
+        now += step
+        deliver(a, message, now=now, src=addr(1))
+        while (due := a.get_timer()) is not None and due <= now:
+            a.handle_timer(now)
+        for _, data in a.datagrams_to_send():
+            assert len(data) <= TIMING.max_packet_bytes - 64
+    assert a.stats["dropped"]["internal"] == 0
+    me = a.member("a")
+    assert me is not None and me.state is MemberState.ALIVE and me.incarnation == a.incarnation
+    assert 0 <= a.health_score < TIMING.awareness_max_multiplier
+    for member in a.members():
+        assert (member.name in a._suspicions) == (member.state is MemberState.SUSPECT) or member.name == "a"
 
 
 def test_malformed_and_oversized_packets_are_counted_by_reason() -> None:
