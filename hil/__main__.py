@@ -21,6 +21,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--timing", default="{}", help="JSON overrides of swarm SwarmTiming for edgerun's members")
     bench.add_argument("--only", choices=("edgerun", "serf"), help="run one side only")
     bench.add_argument("--loopback", action="store_true", help="loopback even where namespaces can be made")
+    bench.add_argument("--starve", type=float, default=0.0,
+                       help="share of every second node n01 is SIGSTOPped after full membership (0.3: 300 ms)")
     bench.add_argument("--join-timeout", type=float, default=60.0)
     bench.add_argument("--detect-timeout", type=float, default=60.0)
     return parser
@@ -38,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_swarm_bench(args.nodes, args.loss, args.seconds, timing=timing, with_edgerun=args.only != "serf",
                                  with_serf=args.only != "edgerun",
                                  force_loopback=args.loopback, join_timeout_s=args.join_timeout,
-                                 detect_timeout_s=args.detect_timeout)
+                                 detect_timeout_s=args.detect_timeout, starve=args.starve)
     except ValueError as exc:
         print(f"hil swarm-bench: {exc}", file=sys.stderr)
         return 2

@@ -93,9 +93,11 @@ class Scenario:
 
     implementation = ""
 
-    def __init__(self, lab: NetLab | None, nodes: list[LabNode | None], loss: float, workdir: Path) -> None:
+    def __init__(self, lab: NetLab | None, nodes: list[LabNode | None], loss: float, workdir: Path, *,
+                 starve: float = 0.0) -> None:
         self.lab = lab
         self.loss = loss
+        self.starve = starve
         self.workdir = workdir
         self.members: list[Member] = []
         for index, lab_node in enumerate(nodes):
@@ -157,6 +159,7 @@ class Scenario:
         loop = asyncio.get_running_loop()
         notes: list[str] = []
         seed = self.members[0]
+        starver: asyncio.Task[None] | None = None
         try:
             await self._spawn(seed, None)
             await self._until(lambda: seed.ready_at is not None, 20)
@@ -169,6 +172,12 @@ class Scenario:
             full_membership = loop.time() - all_up if joined else None
             if not joined:
                 notes.append(f"{self.implementation}: no full membership within {join_timeout_s:.0f} s")
+
+            if self.starve > 0:
+                starved = self.members[1]
+                starver = loop.create_task(self._starve(starved, self.starve))
+                notes.append(f"{self.implementation}: {starved.name} SIGSTOPped {self.starve * 1000:.0f} ms of "
+                             "every second after full membership (CPU starvation)")
 
             # Steady phase: link bytes and CPU of every process over the same window.
             sent0 = await self.bytes_sent()
@@ -194,8 +203,12 @@ class Scenario:
                 notes.append(f"{self.implementation}: {missing} observers did not declare {victim.name} dead "
                              f"within {detect_timeout_s:.0f} s")
             delays = sorted(o.dead_at[victim.name] - killed_at for o in observers if victim.name in o.dead_at)
-            await self._stop(observers)
+            # Counted before stopping: serf agents do not leave on SIGTERM, so their peers may see them fail.
             false_deaths = sum(1 for m in self.members for name in m.dead_at if name != victim.name)
+            if starver is not None:
+                starver.cancel()
+                await asyncio.gather(starver, return_exceptions=True)
+            await self._stop(observers)
             suspicions, refutations = self.protocol_counts()
             return RunResult(self.implementation, {
                 "full_membership_s": _round(full_membership),
@@ -208,7 +221,26 @@ class Scenario:
                 "cpu_percent_per_node": _round(statistics.fmean(cpus), 3) if cpus else None,
             }, notes)
         finally:
+            if starver is not None:
+                starver.cancel()
+                await asyncio.gather(starver, return_exceptions=True)
             await self._kill_all()
+
+    async def _starve(self, member: Member, share: float) -> None:
+        """Stops the process ``share`` of every second: its timers fire late and its replies come late."""
+        assert member.process is not None
+        pid = member.process.pid
+        try:
+            while member.process.returncode is None:
+                await asyncio.sleep(1.0 - share)
+                os.kill(pid, signal.SIGSTOP)
+                await asyncio.sleep(share)
+                os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def protocol_counts(self) -> tuple[int, int]:
         return sum(m.suspicions for m in self.members), sum(m.refutations for m in self.members)
@@ -375,7 +407,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any], with_edgerun: bool, with_serf: bool,
-                 force_loopback: bool, join_timeout_s: float, detect_timeout_s: float) -> dict[str, Any]:
+                 force_loopback: bool, join_timeout_s: float, detect_timeout_s: float, starve: float) -> dict[str, Any]:
     notes: list[str] = []
     reason = "loopback requested" if force_loopback else netlab.unavailable_reason()
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp, contextlib.ExitStack() as stack:
@@ -395,16 +427,16 @@ async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any]
             notes.append(f"namespaces unavailable ({reason}): members ran on loopback with the transport's own "
                          "loss injection; serf ran on loopback WITHOUT loss; bytes are the agents' own counts")
         result: dict[str, Any] = {"mode": mode, "impairment": impairment, "nodes": nodes, "loss": loss,
-                                  "seconds": seconds, "timing": timing}
+                                  "seconds": seconds, "starve": starve, "timing": timing}
         if with_edgerun:
-            ours = EdgerunScenario(lab, lab_nodes, loss, Path(tmp), timing=timing)
+            ours = EdgerunScenario(lab, lab_nodes, loss, Path(tmp), timing=timing, starve=starve)
             edgerun_result = await ours.run(seconds, join_timeout_s, detect_timeout_s)
             result["edgerun"] = edgerun_result.metrics
             notes += edgerun_result.notes
         if with_serf and shutil.which("serf") is None:
             notes.append("serf is not installed: no side-by-side anchor")
         elif with_serf:
-            serf_result = await SerfScenario(lab, lab_nodes, loss, Path(tmp)).run(
+            serf_result = await SerfScenario(lab, lab_nodes, loss, Path(tmp), starve=starve).run(
                 seconds, join_timeout_s, detect_timeout_s)
             result["serf"] = serf_result.metrics
             if with_edgerun:
@@ -422,11 +454,14 @@ async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any]
 
 def run_swarm_bench(nodes: int = 20, loss: float = 0.1, seconds: float = 60.0, *, timing: dict[str, Any] | None = None,
                     with_edgerun: bool = True, with_serf: bool = True, force_loopback: bool = False,
-                    join_timeout_s: float = 60.0, detect_timeout_s: float = 60.0) -> dict[str, Any]:
+                    join_timeout_s: float = 60.0, detect_timeout_s: float = 60.0,
+                    starve: float = 0.0) -> dict[str, Any]:
     if nodes < 3:
         raise ValueError("swarm-bench needs at least 3 nodes (a seed, a victim and an observer)")
     if not 0 <= loss < 1:
         raise ValueError(f"loss must be within [0, 1), got {loss}")
+    if not 0 <= starve < 1:
+        raise ValueError(f"starve must be within [0, 1), got {starve}")
     return asyncio.run(_bench(nodes, loss, seconds, timing or {}, with_edgerun, with_serf, force_loopback,
-                              join_timeout_s, detect_timeout_s))
+                              join_timeout_s, detect_timeout_s, starve))
 
