@@ -811,9 +811,10 @@ class Membership:
     def _gossip(self, now: float) -> None:
         if not self._updates and not self._user_queue:
             return
+        # memberlist's filter: the live, and the dead for a while (so they can hear it and refute); never the left
         targets = [m for m in self._nodes.values() if m.name != self.local_name and (
             m.state in (MemberState.ALIVE, MemberState.SUSPECT)
-            or now - m.state_since <= self.timing.gossip_to_the_dead_s)]
+            or (m.state is MemberState.DEAD and now - m.state_since <= self.timing.gossip_to_the_dead_s))]
         for member in self._rng.sample(targets, min(self.timing.gossip_nodes, len(targets))):
             parts = self._piggyback(0, 0)
             if not parts:
