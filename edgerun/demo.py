@@ -3,11 +3,18 @@
 A seeded synthetic flight over a scene made from real photos, BlazeFace short
 range on LiteRT, detections to JSON Lines. Because the replay knows where every
 face is, the demo reports recall, not just frame rates.
+
+``snapshot.png`` is the frame of the run with the most detections (ground truth
+drawn too), not the last one, which often shows bare ground; ``contact_sheet.png``
+shows a few annotated frames spread over the flight. The replay is a pure
+function of the camera pose each batch carries, so those frames are rendered
+again after the run from their batches: the run itself copies no image for them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -17,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from edgerun.config import Config, parse_config
@@ -83,6 +91,103 @@ class RecallMeter:
     @property
     def recall(self) -> float | None:
         return self.matched / self.truths if self.truths else None
+
+
+def _kept(batch: DetectionBatch) -> DetectionBatch:
+    """A batch whose arrays are its own (decoders may reuse their output buffers for the next frame)."""
+    det = batch.detections
+    keypoints = None if det.keypoints is None else det.keypoints.copy()
+    own = dataclasses.replace(det, boxes=det.boxes.copy(), scores=det.scores.copy(), class_ids=det.class_ids.copy(),
+                              keypoints=keypoints)
+    return dataclasses.replace(batch, detections=own)
+
+
+class FrameChooser:
+    """Observer that keeps the batch with the most detections and batches spread over the flight.
+
+    Ties go to the frame with more ground truth in view, then to the more confident one
+    (sum of scores: a face seen whole rather than cut by the frame edge), then the earlier.
+    ``spread`` keeps at most ``capacity`` batches at even frame intervals, thinning
+    itself (every other one) when full, so memory stays bounded on any run length.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.best: DetectionBatch | None = None
+        self._best_key: tuple[int, int, float] = (-1, -1, 0.0)
+        self.spread: list[DetectionBatch] = []
+        self.capacity = capacity
+        self._stride = 1
+
+    def __call__(self, batch: DetectionBatch) -> None:
+        truth = 0 if batch.meta.truth_boxes is None else len(batch.meta.truth_boxes)
+        key = (len(batch.detections), truth, float(batch.detections.scores.sum()))
+        if key > self._best_key:
+            self.best, self._best_key = _kept(batch), key
+        if batch.meta.seq % self._stride == 0:
+            self.spread.append(_kept(batch))
+            if len(self.spread) >= self.capacity:
+                self.spread = self.spread[::2]
+                self._stride *= 2
+
+    def sheet_batches(self, count: int) -> list[DetectionBatch]:
+        """``count`` batches at even intervals from the first kept to the last."""
+        if len(self.spread) <= count:
+            return list(self.spread)
+        picks = np.linspace(0, len(self.spread) - 1, count).round().astype(int)
+        return [self.spread[i] for i in picks]
+
+
+def annotated_frame(batch: DetectionBatch, image: np.ndarray) -> np.ndarray:
+    """``image`` (the batch's frame) with detections, ground truth and a caption drawn."""
+    from edgerun.pipeline.runner import Snapshot
+    from edgerun.service.snapshot import draw_batch
+
+    holder = Snapshot(0.0)
+    holder.image, holder.batch = image, batch
+    canvas = draw_batch(holder)
+    truth = 0 if batch.meta.truth_boxes is None else len(batch.meta.truth_boxes)
+    caption = f"frame {batch.meta.seq}: {len(batch.detections)} detected, {truth} in ground truth"
+    cv2.putText(canvas, caption, (8, 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 0, 0), 3, cv2.LINE_AA)
+    cv2.putText(canvas, caption, (8, 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (255, 255, 255), 1, cv2.LINE_AA)
+    return canvas
+
+
+def contact_sheet(frames: list[np.ndarray], columns: int = 3, width: int = 320) -> np.ndarray:
+    """Frames scaled to ``width`` and laid out in rows of ``columns`` (blank cells filled black)."""
+    h, w = frames[0].shape[:2]
+    height = round(h * width / w)
+    rows = -(-len(frames) // columns)
+    sheet = np.zeros((rows * height, columns * width, 3), np.uint8)
+    for i, frame in enumerate(frames):
+        r, c = divmod(i, columns)
+        sheet[r * height : (r + 1) * height, c * width : (c + 1) * width] = cv2.resize(
+            frame, (width, height), interpolation=cv2.INTER_AREA
+        )
+    return sheet
+
+
+def write_flight_images(cfg: Config, chooser: FrameChooser, out_dir: Path, sheet_frames: int = 6) -> list[str]:
+    """``snapshot.png`` (most detections) and ``contact_sheet.png``, re-rendered from the replay; the files written."""
+    from edgerun.sources.replay import ReplaySource
+
+    if chooser.best is None or cfg.source.kind != "replay":
+        return []
+    replay = ReplaySource(cfg.source.replay, fps=cfg.source.fps)
+    replay.open()
+    try:
+
+        def frame_of(batch: DetectionBatch) -> np.ndarray:
+            assert batch.meta.pose is not None
+            image = np.empty((batch.meta.height, batch.meta.width, 3), np.uint8)
+            replay.render(batch.meta.pose, image)
+            return annotated_frame(batch, image)
+
+        cv2.imwrite(str(out_dir / "snapshot.png"), frame_of(chooser.best))
+        sheet = contact_sheet([frame_of(b) for b in chooser.sheet_batches(sheet_frames)])
+        cv2.imwrite(str(out_dir / "contact_sheet.png"), sheet)
+    finally:
+        replay.close()
+    return ["snapshot.png", "contact_sheet.png"]
 
 
 def demo_config(
@@ -170,7 +275,8 @@ class LocalListeners:
 
 async def run_demo(cfg: Config, seconds: float | None, out_dir: Path | None, live: bool) -> dict[str, Any]:
     recall = RecallMeter("face")
-    node = Node(cfg, observers=[recall])
+    chooser = FrameChooser()
+    node = Node(cfg, observers=[recall, chooser])
     listeners = None
     if out_dir is not None and (cfg.sinks.mqtt.enabled or cfg.sinks.dds.enabled):
         mqtt_port = cfg.sinks.mqtt.port if cfg.sinks.mqtt.enabled and cfg.sinks.mqtt.host == "127.0.0.1" else None
@@ -192,11 +298,15 @@ async def run_demo(cfg: Config, seconds: float | None, out_dir: Path | None, liv
     summary["recall_truths"] = recall.truths
     summary["wall_s"] = round(time.monotonic() - t0, 3)
     if out_dir is not None and node.pipeline is not None:
-        from edgerun.service.snapshot import render_snapshot
+        written = write_flight_images(cfg, chooser, out_dir)
+        if not written:  # not a replay: the node's last snapshot is all there is
+            from edgerun.service.snapshot import render_snapshot
 
-        png = render_snapshot(node.pipeline.snapshot, ".png")
-        if png is not None:
-            (out_dir / "snapshot.png").write_bytes(png)
+            png = render_snapshot(node.pipeline.snapshot, ".png")
+            if png is not None:
+                (out_dir / "snapshot.png").write_bytes(png)
+        if chooser.best is not None:
+            summary["snapshot_frame"] = {"seq": chooser.best.meta.seq, "detections": len(chooser.best.detections)}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
