@@ -70,21 +70,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _swarm_demo(args: argparse.Namespace, out_dir: Path, mqtt: str | None, live: bool) -> int:
-    from edgerun.demo_swarm import format_swarm_summary, run_swarm_demo
-
-    summary = run_swarm_demo(
-        out_dir, args.drones, args.seconds, model=args.model, mqtt=mqtt, dds=args.dds, fps=args.fps, live=live
-    )
-    print(format_swarm_summary(summary))
-    print(f"wrote {out_dir}/drone-*/detections.jsonl, {out_dir}/snapshot.png, {out_dir}/summary.json")
-    failed = {name: code for name, code in summary["exit_codes"].items() if code != 0}
-    if failed:
-        print(f"edgerun demo: drones exited with {failed}; see {out_dir}/drone-*/node.log", file=sys.stderr)
-        return 1
-    return 0
-
-
 def _start_local_broker(stack: contextlib.ExitStack) -> str | None:
     """A private mosquitto on a free loopback port for the demo, or None (with a note) when there is none."""
     from edgerun.sinks.mosquitto import run_mosquitto
