@@ -58,6 +58,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         mqtt = args.mqtt
         if args.local_broker and mqtt is None:
             mqtt = _start_local_broker(stack)
+        if args.drones > 1:
+            return _swarm_demo(args, out_dir, mqtt, live)
         cfg = demo_config(out_dir, model=args.model, mqtt=mqtt, dds=args.dds, http_port=args.http_port, fps=args.fps)
         try:
             import uvloop
@@ -67,6 +69,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
             summary = asyncio.run(run_demo(cfg, args.seconds, out_dir, live))
     print(format_summary(summary))
     print(f"wrote {out_dir}/detections.jsonl, snapshot.png, contact_sheet.png, summary.json")
+    return 0
+
+
+def _swarm_demo(args: argparse.Namespace, out_dir: Path, mqtt: str | None, live: bool) -> int:
+    from edgerun.demo_swarm import format_swarm_summary, run_swarm_demo
+
+    summary = run_swarm_demo(
+        out_dir, args.drones, args.seconds, model=args.model, mqtt=mqtt, dds=args.dds, fps=args.fps, live=live
+    )
+    print(format_swarm_summary(summary))
+    print(f"wrote {out_dir}/drone-*/detections.jsonl, {out_dir}/snapshot.png, {out_dir}/summary.json")
+    failed = {name: code for name, code in summary["exit_codes"].items() if code != 0}
+    if failed:
+        print(f"edgerun demo: drones exited with {failed}; see {out_dir}/drone-*/node.log", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -121,6 +138,14 @@ def cmd_model_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_check_mcu(args: argparse.Namespace) -> int:
+    from edgerun.mcu.check import check_mcu_model, parse_size
+
+    result = check_mcu_model(args.model, parse_size(args.arena))
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.format())
+    return 0 if result.ok else 1
+
+
 def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
     from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
 
@@ -169,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--http-port", type=int, default=None, help="HTTP port (default: any free port)")
     demo.add_argument("--quiet", action="store_true", help="no live status line")
+    demo.add_argument(
+        "--drones", type=int, default=3, help="node processes flying the scene as a swarm (1: one node in-process)"
+    )
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="measure throughput, latency and memory; writes JSON")
@@ -211,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--workspace-mb", type=int, default=1024, help="TensorRT builder workspace")
     build.add_argument("--device", default="", help="cuda:N (default cuda:0)")
     build.set_defaults(func=cmd_model_build_trt)
+    check_mcu = msub.add_parser("check-mcu", help="run a .tflite in TFLite Micro: ops supported, arena, invoke time")
+    check_mcu.add_argument("model", help="a .tflite model (int8 for most MCUs)")
+    check_mcu.add_argument("--arena", default="64k", help="the MCU's tensor arena budget (default 64k)")
+    check_mcu.add_argument("--json", action="store_true", help="print the result as JSON")
+    check_mcu.set_defaults(func=cmd_model_check_mcu)
 
     try:
         from edgerun.listen import add_listen_parser
@@ -224,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     from edgerun.station.commands import add_station_parsers
 
     add_station_parsers(sub)
+    from edgerun.fleet.commands import add_swarm_parser
+
+    add_swarm_parser(sub)
     return parser
 
 

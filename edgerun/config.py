@@ -45,6 +45,10 @@ class ReplayConfig(Section):
     speed_mps: NonNegFloat = 1.5
     hfov_deg: Annotated[float, msgspec.Meta(gt=1.0, lt=170.0)] = 60.0
     scene: str = ""  # empty: the built-in scene made from scikit-image's photos
+    # One scene, several drones: each flies the seed's path from its own start and a little to the side.
+    path_offset_m: float = 0.0  # start this far along the flight path from the seeded start (negative: behind)
+    east_offset_m: float = 0.0  # the whole path shifted east (metres)
+    north_offset_m: float = 0.0  # ... and north
 
 
 class PoseConfig(Section):
@@ -117,6 +121,7 @@ class MqttSinkConfig(Section):
     port: Port = 1883
     client_id: str = ""  # empty: "edgerun-<node id>"
     topic_prefix: str = ""  # empty: "edgerun/<node id>/"
+    fleet_topic: str = "edgerun/fleet/objects"  # fleet objects this node owns (edgerun.object/1), fleet-wide
     qos_detections: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
     qos_events: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
     qos_metrics: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
@@ -195,6 +200,49 @@ class OtaConfig(Section):
     max_infer_errors: NonNegInt = 0  # roll back when more inferences than this fail in the window
 
 
+class McuConfig(Section):
+    """An MCU sensor node on a serial port (edgerun/mcu): its detections join the node's sinks."""
+
+    enabled: bool = False
+    port: str = ""  # serial device, e.g. /dev/ttyUSB0 or /dev/serial/by-id/...; required when enabled
+    baud: PositiveInt = 921600
+    labels: list[str] = msgspec.field(default_factory=list)  # class id -> label of the MCU's model
+    release_keys: list[str] = msgspec.field(default_factory=list)  # minisign .pub files MCU releases are signed by
+    ota_chunk: Annotated[int, msgspec.Meta(ge=1, le=236)] = 236  # image bytes per OTA_CHUNK frame
+    ack_timeout_s: PositiveFloat = 1.0
+    ota_retries: NonNegInt = 5  # resends of one unanswered OTA message before the relay gives up
+    reconnect_s: PositiveFloat = 1.0  # wait between attempts to reopen a lost port
+
+
+class SwarmTimingConfig(Section):
+    """Gossip timers; 0 keeps swarm.config.SwarmTiming's default (memberlist's LAN values)."""
+
+    probe_interval_s: NonNegFloat = 0.0
+    probe_timeout_s: NonNegFloat = 0.0
+    gossip_interval_s: NonNegFloat = 0.0
+    push_pull_interval_s: NonNegFloat = 0.0
+    suspicion_mult: NonNegInt = 0
+    retransmit_mult: NonNegInt = 0
+    indirect_checks: NonNegInt = 0
+
+
+class SwarmConfig(Section):
+    enabled: bool = False
+    bind: str = "127.0.0.1:7946"  # host:port for gossip (UDP) and push-pull (TCP); port 0: any free port
+    seeds: list[str] = msgspec.field(default_factory=list)  # host:port of members to join through
+    key_file: str = ""  # required when enabled: base64 swarm keys, one per line, the first encrypts
+    # Two claims of one class are one object within this distance (widened by their uncertainties) ...
+    radius_m: PositiveFloat = 5.0
+    # ... and when seen within this many seconds of each other; also how long a reported object is remembered.
+    window_s: PositiveFloat = 60.0
+    # Wait this long for neighbours' claims before reporting an object; 0: report at once, suppress later copies.
+    hold_s: NonNegFloat = 0.0
+    min_score: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0  # detections below this make no claim
+    labels: list[str] = msgspec.field(default_factory=list)  # labels that make claims; empty: every label
+    meta_interval_s: PositiveFloat = 2.0  # how often this member's metadata (pose, health, model) is refreshed
+    timing: SwarmTimingConfig = msgspec.field(default_factory=SwarmTimingConfig)
+
+
 class Config(Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
@@ -204,6 +252,8 @@ class Config(Section):
     sinks: SinksConfig = msgspec.field(default_factory=SinksConfig)
     service: ServiceConfig = msgspec.field(default_factory=ServiceConfig)
     ota: OtaConfig = msgspec.field(default_factory=OtaConfig)
+    swarm: SwarmConfig = msgspec.field(default_factory=SwarmConfig)
+    mcu: McuConfig = msgspec.field(default_factory=McuConfig)
 
     @property
     def node_id(self) -> str:
@@ -319,6 +369,8 @@ def _check_semantics(cfg: Config) -> None:
         raise ConfigError(f"ota.root_threshold: expected <= the {len(ota.root_keys)} ota.root_keys")
     if ota.enabled and not (ota.watch_dir or ota.http_url or ota.mqtt):
         raise ConfigError("ota.watch_dir: ota.enabled needs an update source (watch_dir, http_url or mqtt)")
+    if cfg.mcu.enabled and not cfg.mcu.port:
+        raise ConfigError("mcu.port: required when mcu.enabled is true")
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -327,7 +379,10 @@ def load_config(path: str | Path | None) -> Config:
         return parse_config({})
     path = Path(path)
     data = load_toml(path, ConfigError, "config file")
+    from edgerun.config_env import overlay_env  # EDGERUN_<SECTION>_<KEY> variables (balena) override the file
+
+    env = overlay_env(data)
     try:
-        return parse_config(data)
+        return parse_config(env.data)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{env.source_of(err) or path}: {err}") from None

@@ -68,6 +68,12 @@ class Sink(ABC):
     def publish_event(self, kind: str, data: dict[str, Any]) -> None:  # noqa: B027
         """Queue a node event (state change, failover, OTA step). Optional."""
 
+    def publish_object(self, payload: dict[str, Any]) -> None:  # noqa: B027
+        """Queue a fleet object this node owns (schema ``edgerun.object/1``). Optional."""
+
+    def publish_swarm_view(self, view: dict[str, Any]) -> None:  # noqa: B027
+        """Publish this node's view of the swarm (schema ``edgerun.swarm/1``), replacing the last. Optional."""
+
     @abstractmethod
     async def close(self, timeout: float = 1.0) -> None:
         """Flush what is queued (within ``timeout`` seconds) and release resources."""

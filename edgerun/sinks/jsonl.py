@@ -57,6 +57,12 @@ class JsonlSink(Sink):
             self._outbox.put(("event", {"schema": "edgerun.event/1", "kind": kind, "ts": time.time(), **data}, 0.0))
             self._cond.notify()
 
+    def publish_object(self, payload: dict[str, Any]) -> None:
+        """Fleet objects go to the same stream too: the file says what this node reported for the fleet."""
+        with self._cond:
+            self._outbox.put(("object", payload, 0.0))
+            self._cond.notify()
+
     def _write_loop(self) -> None:
         out = self._file
         assert out is not None

@@ -196,6 +196,10 @@ class MqttSink(Sink):
         if not prefix.endswith("/"):
             prefix += "/"
         self.topics: dict[str, str] = {key: prefix + key for key in TOPIC_KEYS}
+        # Fleet-wide (not under the node's prefix): the one place every owner reports its objects.
+        self.topics["objects"] = cfg.fleet_topic
+        self.topics["swarm"] = prefix + "swarm"
+        self.objects_sent = 0
         self.stats.connected = False
         self.status_reason = "not started"
         # Counters beyond SinkStats, for /metrics and the metrics topic.
@@ -271,6 +275,23 @@ class MqttSink(Sink):
             return
         self._queue_message(_Message("events", body, self.cfg.qos_events, False, "application/json"))
 
+    def publish_object(self, payload: dict[str, Any]) -> None:
+        """A fleet object this node owns, at QoS 1: a found person must reach the ground station."""
+        self._queue_json("objects", payload, 1, retain=False)
+
+    def publish_swarm_view(self, view: dict[str, Any]) -> None:
+        """This node's swarm view, retained, so a station that starts later sees the fleet at once."""
+        self._queue_json("swarm", view, self.cfg.qos_status, retain=True)
+
+    def _queue_json(self, topic_key: str, payload: dict[str, Any], qos: int, *, retain: bool) -> None:
+        try:
+            body = self._encoder.encode(payload)
+        except (TypeError, msgspec.EncodeError) as err:
+            self.stats.errors += 1
+            log.warning("mqtt: %s message is not JSON-encodable (%s); not published", topic_key, err)
+            return
+        self._queue_message(_Message(topic_key, body, qos, retain, "application/json"))
+
     def set_metrics_provider(self, provider: Callable[[], dict[str, Any]]) -> None:
         """Where the periodic ``metrics`` message gets the node's summary."""
         self._metrics_provider = provider
@@ -289,6 +310,7 @@ class MqttSink(Sink):
             "inflight": len(self._inflight),
             "events_sent": self.events_sent,
             "events_dropped": self.events_dropped,
+            "objects_sent": self.objects_sent,
             "connects": self.connects,
         }
 
@@ -459,7 +481,7 @@ class MqttSink(Sink):
         was_connected = self.stats.connected
         # In-flight publishes may not have reached the broker: they go first on the next connection.
         batches = [item for kind, item in self._inflight.values() if kind == "batch"]
-        events = [item for kind, item in self._inflight.values() if kind == "event"]
+        events = [item for kind, item in self._inflight.values() if kind in ("event", "object")]
         self._inflight.clear()
         if batches:
             queued = [self._outbox.pop() for _ in range(len(self._outbox))]
@@ -586,6 +608,8 @@ class MqttSink(Sink):
             self.stats.sent += 1
         elif kind == "event":
             self.events_sent += 1
+        elif kind == "object":
+            self.objects_sent += 1
         # paho holds its message lock here; publish the next ones from a fresh loop callback.
         self._schedule_pump()
 
@@ -595,6 +619,11 @@ class MqttSink(Sink):
         if not self._pump_scheduled and self._loop is not None and self._client is not None:
             self._pump_scheduled = True
             self._loop.call_soon(self._pump)
+
+    @staticmethod
+    def _kind_of(topic_key: str) -> str:
+        """Metrics are periodic (a lost one is replaced by the next); events and fleet objects are kept."""
+        return {"events": "event", "objects": "object", "metrics": "metrics"}.get(topic_key, "event")
 
     def _work_left(self) -> bool:
         return bool(len(self._outbox) or self._events or self._inflight)
@@ -613,7 +642,7 @@ class MqttSink(Sink):
                 props.MessageExpiryInterval = message.expiry_s
             mid = self._publish_now(
                 client, message.topic_key, message.payload, message.qos, message.retain, message.content_type,
-                "event" if message.topic_key == "events" else "metrics", message, props,
+                self._kind_of(message.topic_key), message, props,
             )
             if mid is None:
                 return
@@ -674,7 +703,7 @@ class MqttSink(Sink):
             # The connection is going away; keep the item for the next one.
             if kind == "batch":
                 self._inflight[info.mid] = (kind, item)
-            elif kind == "event" and item is not None:
+            elif kind in ("event", "object") and item is not None:
                 self._events.appendleft(item)
             return None
         self._inflight[info.mid] = (kind, item)

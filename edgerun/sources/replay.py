@@ -437,7 +437,10 @@ class ReplaySource(Source):
     def pose_at(self, index: int) -> Pose:
         """The camera pose of frame ``index``: a pure function of the seed, config and index."""
         t = index / self.fps
-        east, north = self.path.position(self.config.speed_mps * t)
+        cfg = self.config
+        east, north = self.path.position(cfg.path_offset_m + cfg.speed_mps * t)
+        east += cfg.east_offset_m
+        north += cfg.north_offset_m
         ph = self._phases
         two_pi = 2.0 * math.pi
         # Gentle attitude only: the camera keeps scene-north near image-up and stays
@@ -457,11 +460,16 @@ class ReplaySource(Source):
 
     def truth(self, pose: Pose, width: int, height: int) -> tuple[np.ndarray, tuple[str, ...]]:
         """Pixel boxes (clipped) and labels of the objects at least 80% inside the frame."""
+        index, boxes = self.visible(pose, width, height)
+        return boxes, tuple(self._labels[index].tolist())
+
+    def visible(self, pose: Pose, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scene indices (into ``scene.boxes_m``) and clipped pixel boxes of the objects mostly in view."""
         scene = self.scene
         assert self._corners is not None
         m = len(scene.labels)
         if m == 0:
-            return np.zeros((0, 4), np.float32), ()
+            return np.zeros((0,), np.int64), np.zeros((0, 4), np.float32)
         proj = ground_to_image(pose, width, height) @ self._corners  # (3, 4M)
         z = proj[2].reshape(m, 4)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -474,7 +482,7 @@ class ReplaySource(Source):
         # All corners in front of the camera, then the visible share of the box.
         keep = np.all(z > 0.0, axis=1) & (area > 0.0)
         keep[keep] = inside[keep] >= MIN_VISIBLE_FRACTION * area[keep]
-        return clipped[keep].astype(np.float32), tuple(self._labels[keep].tolist())
+        return np.flatnonzero(keep), clipped[keep].astype(np.float32)
 
     def render(self, pose: Pose, image: np.ndarray) -> None:
         """Draw the view from ``pose`` into ``image`` (any (h, w, 3) uint8 buffer)."""

@@ -668,3 +668,20 @@ def test_default_skip_reads_into_its_own_buffer(flight):
     a.read(ia, 2)
     b.read(ib, 2)
     np.testing.assert_array_equal(ia, ib)
+
+
+def test_replay_drones_share_the_scene_and_fly_the_path_apart():
+    """Two drones of one seed: the same scene; the second flies the same path 3 m behind and 0.8 m east."""
+    lead = ReplaySource(ReplayConfig(seed=4))
+    chase = ReplaySource(ReplayConfig(seed=4, path_offset_m=-3.0, east_offset_m=0.8))
+    lead.open()
+    chase.open()
+    assert np.array_equal(lead.scene.boxes_m, chase.scene.boxes_m)
+    behind = round(3.0 / (lead.config.speed_mps / lead.fps))  # frames the lead needs to fly 3 m
+    for i in (behind, behind + 17, behind + 200):
+        a, b = lead.pose_at(i - behind), chase.pose_at(i)
+        assert (b.east_m - 0.8, b.north_m) == pytest.approx((a.east_m, a.north_m), abs=1e-6)
+    index, boxes = chase.visible(chase.pose_at(behind), 640, 480)
+    truth_boxes, labels = chase.truth(chase.pose_at(behind), 640, 480)
+    assert np.array_equal(boxes, truth_boxes)
+    assert labels == tuple(chase.scene.labels[i] for i in index.tolist())

@@ -1,0 +1,436 @@
+"""``edgerun demo --drones N``: N node processes fly one scene as a swarm, scored against ground truth.
+
+Each drone is a real ``edgerun run`` process with its own replayed flight over the shared
+scene (the same lawnmower path, started a few metres apart and shifted sideways, so the views
+overlap), gossiping under one swarm key on loopback and publishing to the demo's sinks. The
+demo reads what the drones wrote (JSON Lines: detections and fleet objects) and scores it:
+
+* per drone: frames, detections, face recall (the replay is a pure function of the frame
+  index, so every published ``seq`` has its exact ground truth);
+* the fleet: objects reported, ``duplicate_reports`` (fleet reports beyond the first for one
+  ground-truth object) and ``object_recall`` (ground-truth faces seen by some drone that a
+  fleet object lies within ``swarm.radius_m`` of).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import tomli_w
+
+from edgerun.config import ReplayConfig, parse_config
+from edgerun.demo import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, iou_matrix
+from edgerun.sources.replay import ReplaySource
+
+OBJECT_SCHEMA = "edgerun.object/1"
+DETECTION_SCHEMA = "edgerun.detections/1"
+# Drone k starts this far behind drone 0 along the path, and this far to the side: overlapping views.
+SPACING_M = 3.0
+SIDE_STEP_M = (0.0, 0.8, -0.8, 1.6, -1.6)
+TRUTH_LABEL = "face"
+
+
+def free_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1 (gossip uses one number for both)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind(("127.0.0.1", 0))
+            port = tcp.getsockname()[1]
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                    udp.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free port for both UDP and TCP on 127.0.0.1")
+
+
+def write_swarm_key(path: Path) -> None:
+    from swarm.keyring import generate_key
+
+    path.write_text(base64.b64encode(generate_key()).decode() + "\n")
+    path.chmod(0o600)
+
+
+@dataclass
+class Drone:
+    """One drone of the demo: its config, output files and process."""
+
+    index: int
+    node_id: str
+    out_dir: Path
+    config: dict[str, Any]
+    proc: subprocess.Popen[bytes] | None = None
+    log_file: Any = None
+
+    @property
+    def detections_path(self) -> Path:
+        return self.out_dir / "detections.jsonl"
+
+    @property
+    def replay(self) -> ReplayConfig:
+        return parse_config(self.config).source.replay
+
+
+def drone_configs(
+    out_dir: Path,
+    drones: int,
+    *,
+    model: str | None = None,
+    mqtt: str | None = None,
+    dds: bool = False,
+    fps: float | None = None,
+    seed: int = 1,
+    radius_m: float = 5.0,
+    hold_s: float = 0.0,
+) -> list[Drone]:
+    """One node config per drone: a shared scene and swarm key, a flight and gossip port of its own."""
+    key_file = out_dir / "swarm.key"
+    write_swarm_key(key_file)
+    ports = [free_port() for _ in range(drones)]
+    result = []
+    for k in range(drones):
+        node_id = f"drone-{k + 1}"
+        drone_dir = out_dir / node_id
+        drone_dir.mkdir(parents=True, exist_ok=True)
+        cfg: dict[str, Any] = {
+            "node": {"id": node_id, "log_level": "warning"},
+            "source": {
+                "kind": "replay",
+                "replay": {
+                    "seed": seed,
+                    "path_offset_m": -SPACING_M * k,
+                    "east_offset_m": SIDE_STEP_M[k % len(SIDE_STEP_M)],
+                },
+            },
+            "sinks": {"jsonl": {"path": str(drone_dir / "detections.jsonl")}},
+            "service": {"http_port": 0},
+            "engine": {"state_dir": str(drone_dir / "state")},
+            "swarm": {
+                "enabled": True,
+                "bind": f"127.0.0.1:{ports[k]}",
+                "seeds": [f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != k],
+                "key_file": str(key_file),
+                "radius_m": radius_m,
+                "hold_s": hold_s,
+                "labels": [TRUTH_LABEL],
+            },
+        }
+        if fps is not None:
+            cfg["source"]["fps"] = fps
+        if model:
+            cfg["model"] = {"bundle": model}
+        if mqtt:
+            host, _, port = mqtt.rpartition(":")
+            cfg["sinks"]["mqtt"] = {"enabled": True, "host": host or "127.0.0.1", "port": int(port)}
+        if dds:
+            cfg["sinks"]["dds"] = {"enabled": True}
+        parse_config(cfg)  # a bad demo config fails here, before any process starts
+        (drone_dir / "node.toml").write_text(tomli_w.dumps(cfg))
+        result.append(Drone(k, node_id, drone_dir, cfg))
+    return result
+
+
+def start_drones(drones: list[Drone], seconds: float) -> None:
+    env = dict(os.environ)
+    for drone in drones:
+        drone.log_file = (drone.out_dir / "node.log").open("wb")
+        config = str(drone.out_dir / "node.toml")
+        cmd = [sys.executable, "-m", "edgerun", "run", "-c", config, "--seconds", str(seconds)]
+        drone.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=drone.log_file, env=env)
+
+
+def stop_drones(drones: list[Drone], timeout_s: float = 10.0) -> dict[str, int | None]:
+    """Wait for (or stop) every drone; their exit codes."""
+    deadline = time.monotonic() + timeout_s
+    codes: dict[str, int | None] = {}
+    for drone in drones:
+        if drone.proc is None:
+            continue
+        try:
+            drone.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            drone.proc.send_signal(signal.SIGTERM)
+            try:
+                drone.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                drone.proc.kill()
+                drone.proc.wait()
+        codes[drone.node_id] = drone.proc.returncode
+        if drone.log_file is not None:
+            drone.log_file.close()
+    return codes
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of ``path`` (a half-written last line is skipped)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_bytes().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+@dataclass
+class DroneTally:
+    frames: int = 0
+    detections: int = 0
+    truths: int = 0
+    matched: int = 0
+    objects: int = 0
+    best: tuple[int, int] = (-1, -1)  # (detections, seq) of the frame with the most detections
+    latencies: list[float] = field(default_factory=list)
+
+
+def score_swarm(drones: list[Drone], radius_m: float) -> dict[str, Any]:
+    """Per-drone and fleet figures from what the drones wrote."""
+    tallies: dict[str, DroneTally] = {}
+    seen_truth: set[int] = set()  # scene object indices some drone had in view (>= MIN_TRUTH_HEIGHT_PX)
+    objects: list[dict[str, Any]] = []
+    scene = None
+    for drone in drones:
+        source = ReplaySource(drone.replay)
+        source.open()
+        scene = source.scene
+        tally = tallies.setdefault(drone.node_id, DroneTally())
+        for row in read_jsonl(drone.detections_path):
+            schema = row.get("schema")
+            if schema == OBJECT_SCHEMA:
+                tally.objects += 1
+                objects.append(row)
+                continue
+            if schema != DETECTION_SCHEMA:
+                continue
+            tally.frames += 1
+            dets = [d for d in row["detections"] if d["label"] == TRUTH_LABEL]
+            tally.detections += len(dets)
+            if row.get("latency_ms") is not None:
+                tally.latencies.append(row["latency_ms"])
+            if len(dets) > tally.best[0]:
+                tally.best = (len(dets), row["seq"])
+            frame = row["frame"]
+            ids, boxes = source.visible(source.pose_at(int(row["seq"])), int(frame["width"]), int(frame["height"]))
+            tall = (boxes[:, 3] - boxes[:, 1]) >= MIN_TRUTH_HEIGHT_PX
+            keep = np.array([scene.labels[i] == TRUTH_LABEL for i in ids.tolist()], bool) & tall
+            seen_truth.update(ids[keep].tolist())
+            tally.truths += int(keep.sum())
+            if keep.any() and dets:
+                det_boxes = np.asarray([d["box"] for d in dets], np.float32)
+                tally.matched += _greedy_matches(iou_matrix(boxes[keep], det_boxes))
+        source.close()
+    assert scene is not None
+    truth_points = _truth_ground_points(scene)
+    # Each fleet report is one object id published by one owner; several messages of one id are updates.
+    reports: dict[str, dict[str, Any]] = {}
+    for obj in objects:
+        reports.setdefault(str(obj.get("id")), obj)
+    reported_per_truth = reports_per_truth(reports, truth_points, radius_m)
+    found = sorted(i for i in seen_truth if i in reported_per_truth)
+    duplicates = sum(n - 1 for n in reported_per_truth.values())
+    per_drone = {
+        name: {
+            "frames": t.frames,
+            "detections": t.detections,
+            "recall": round(t.matched / t.truths, 4) if t.truths else None,
+            "fleet_objects": t.objects,
+            "latency_p50_ms": round(float(np.percentile(t.latencies, 50)), 3) if t.latencies else None,
+            "best_seq": t.best[1],
+        }
+        for name, t in tallies.items()
+    }
+    return {
+        "drones": len(drones),
+        "per_drone": per_drone,
+        "frames": sum(t.frames for t in tallies.values()),
+        "detections": sum(t.detections for t in tallies.values()),
+        "fleet_objects": len(reports),
+        "duplicate_reports": duplicates,
+        "objects_seen": len(seen_truth),
+        "objects_found": len(found),
+        "object_recall": round(len(found) / len(seen_truth), 4) if seen_truth else None,
+    }
+
+
+def _greedy_matches(ious: np.ndarray) -> int:
+    used_t: set[int] = set()
+    used_d: set[int] = set()
+    for flat in np.argsort(-ious, axis=None):
+        t, d = divmod(int(flat), ious.shape[1])
+        if ious[t, d] < MATCH_IOU:
+            break
+        if t in used_t or d in used_d:
+            continue
+        used_t.add(t)
+        used_d.add(d)
+    return len(used_t)
+
+
+def _truth_ground_points(scene: Any) -> np.ndarray:
+    """(M, 2) east, north of each scene object's bottom-centre on the ground (where a box's foot projects)."""
+    b = scene.boxes_m
+    return np.stack([(b[:, 0] + b[:, 2]) / 2.0, b[:, 1]], axis=1)
+
+
+def side_by_side(drones: list[Drone], per_drone: dict[str, Any], path: Path) -> None:
+    """The frame with the most detections of each drone, side by side: detections green, truth blue."""
+    tiles = []
+    for drone in drones:
+        seq = per_drone.get(drone.node_id, {}).get("best_seq", -1)
+        source = ReplaySource(drone.replay)
+        source.open()
+        cfg = drone.replay
+        image = np.zeros((cfg.height, cfg.width, 3), np.uint8)
+        seq = max(seq, 0)
+        pose = source.pose_at(seq)
+        source.render(pose, image)
+        boxes, _ = source.truth(pose, cfg.width, cfg.height)
+        for x1, y1, x2, y2 in boxes.astype(int).tolist():
+            cv2.rectangle(image, (x1, y1), (x2, y2), (255, 160, 0), 1)
+        for row in read_jsonl(drone.detections_path):
+            if row.get("schema") == DETECTION_SCHEMA and row.get("seq") == seq:
+                for det in row["detections"]:
+                    x1, y1, x2, y2 = (int(v) for v in det["box"])
+                    cv2.rectangle(image, (x1, y1), (x2, y2), (0, 220, 0), 2)
+                break
+        cv2.putText(image, f"{drone.node_id} frame {seq}", (8, 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (255, 255, 255), 2)
+        source.close()
+        tiles.append(image)
+    cv2.imwrite(str(path), np.hstack(tiles))
+
+
+class JsonlTail:
+    """Reads the lines appended to a JSON Lines file since the last call (for the live status line)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        rows = []
+        for line in lines:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+        return rows
+
+
+def reports_per_truth(objects: dict[str, dict[str, Any]], truth_points: np.ndarray, radius_m: float) -> dict[int, int]:
+    """How many fleet reports (keyed by object id) lie within ``radius_m`` of each ground-truth object."""
+    per_truth: dict[int, int] = {}
+    if truth_points.size == 0:
+        return per_truth
+    for obj in objects.values():
+        dist = np.hypot(truth_points[:, 0] - obj["east_m"], truth_points[:, 1] - obj["north_m"])
+        nearest = int(np.argmin(dist))
+        if dist[nearest] <= radius_m:
+            per_truth[nearest] = per_truth.get(nearest, 0) + 1
+    return per_truth
+
+
+def watch_drones(drones: list[Drone], truth_points: np.ndarray, radius_m: float, live: bool) -> None:
+    """Until every drone exits: a status line with per-drone detections, fleet objects and duplicates."""
+    tails = {d.node_id: JsonlTail(d.detections_path) for d in drones}
+    detections = {d.node_id: 0 for d in drones}
+    objects: dict[str, dict[str, Any]] = {}
+    while any(d.proc is not None and d.proc.poll() is None for d in drones):
+        time.sleep(0.5)
+        for name, tail in tails.items():
+            for row in tail.new_rows():
+                if row.get("schema") == OBJECT_SCHEMA:
+                    objects.setdefault(str(row.get("id")), row)
+                elif row.get("schema") == DETECTION_SCHEMA:
+                    detections[name] += len(row.get("detections", ()))
+        if live:
+            dups = sum(n - 1 for n in reports_per_truth(objects, truth_points, radius_m).values())
+            per = "  ".join(f"{name} {n}" for name, n in detections.items())
+            sys.stderr.write(f"\rdetections: {per}  | fleet objects {len(objects)}  duplicates {dups}   ")
+            sys.stderr.flush()
+    if live:
+        sys.stderr.write("\n")
+
+
+def run_swarm_demo(
+    out_dir: Path,
+    drones: int,
+    seconds: float,
+    *,
+    model: str | None = None,
+    mqtt: str | None = None,
+    dds: bool = False,
+    fps: float | None = None,
+    live: bool = False,
+    radius_m: float = 5.0,
+) -> dict[str, Any]:
+    """Fly ``drones`` node processes for ``seconds`` and score what they published."""
+    from edgerun.demo import LocalListeners
+
+    crew = drone_configs(out_dir, drones, model=model, mqtt=mqtt, dds=dds, fps=fps, radius_m=radius_m)
+    listeners = None
+    if mqtt or dds:
+        port = int(mqtt.rpartition(":")[2]) if mqtt and mqtt.startswith("127.0.0.1:") else None
+        listeners = LocalListeners(out_dir, port, dds)
+        time.sleep(1.0)  # let the subscribers connect and match before the first frame
+    source = ReplaySource(crew[0].replay)
+    source.open()
+    truth_points = _truth_ground_points(source.scene)
+    source.close()
+    t0 = time.monotonic()
+    try:
+        start_drones(crew, seconds)
+        watch_drones(crew, truth_points, radius_m, live)
+    finally:
+        codes = stop_drones(crew)
+        received = listeners.stop() if listeners is not None else None
+    summary = score_swarm(crew, radius_m)
+    summary["exit_codes"] = codes
+    if received is not None:
+        summary["received"] = received
+    summary["wall_s"] = round(time.monotonic() - t0, 3)
+    side_by_side(crew, summary["per_drone"], out_dir / "snapshot.png")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def format_swarm_summary(summary: dict[str, Any]) -> str:
+    lines = []
+    for name, d in summary["per_drone"].items():
+        recall = d["recall"]
+        lines.append(
+            f"{name}: frames {d['frames']}  detections {d['detections']}  recall "
+            f"{'n/a' if recall is None else f'{recall:.3f}'}  fleet objects reported {d['fleet_objects']}"
+        )
+    recall = summary["object_recall"]
+    heard = "".join(f"  {name} listener got {n}" for name, n in (summary.get("received") or {}).items())
+    lines.append(
+        f"fleet: {summary['fleet_objects']} objects, {summary['duplicate_reports']} duplicate reports, object recall "
+        f"{'n/a' if recall is None else f'{recall:.3f}'} ({summary['objects_found']}/{summary['objects_seen']} "
+        f"faces seen){heard}"
+    )
+    return "\n".join(lines)
