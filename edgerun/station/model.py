@@ -76,13 +76,14 @@ class NodeView:
     _metrics_prev: tuple[float, int, int] | None = None  # (node ts, frames, detections)
     _metrics_version: int | None = None
 
+    swarm_verdict: str = ""  # what the live nodes' swarm views say of this one: "dead", "alive" or ""
+
     def state(self, now: float, stale_s: float) -> str:
         if self.status == "offline":
             return "stopped" if self.stopping else "dead"
-        if any(m.get("name") == self.id and m.get("state") in ("dead", "left") for m in self.swarm_members):
-            return "dead"
         if now - self.last_seen > stale_s:
-            return "stale"
+            # Out of the broker's reach is not dead while its swarm still hears it.
+            return "dead" if self.swarm_verdict == "dead" else "stale"
         return self.health or ("online" if self.status == "online" else "unknown")
 
     def to_json(self, now: float, stale_s: float, trail: bool = False) -> dict[str, Any]:
@@ -407,8 +408,27 @@ class FleetModel:
 
     # -- output -----------------------------------------------------------------------
 
+    def _judge_by_swarm(self, now: float) -> None:
+        """A node is dead by the swarm when a live peer's view says dead and none says alive."""
+        said: dict[str, set[str]] = {}
+        for reporter in self.nodes.values():
+            if reporter.status == "offline" or now - reporter.last_seen > self.stale_s:
+                continue
+            for member in reporter.swarm_members:
+                if member["name"] != reporter.id:
+                    said.setdefault(member["name"], set()).add(member["state"])
+        for node_id, node in self.nodes.items():
+            states = said.get(node_id, set())
+            if states & {"alive", "suspect"}:
+                node.swarm_verdict = "alive"
+            elif states & {"dead", "left"}:
+                node.swarm_verdict = "dead"
+            else:
+                node.swarm_verdict = ""
+
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
+        self._judge_by_swarm(now)
         return {
             "ts": now,
             "broker": self.broker,
@@ -422,6 +442,7 @@ class FleetModel:
     def take_delta(self, now: float | None = None) -> dict[str, Any] | None:
         """What changed since the last call (nodes whose data or derived state changed), or None."""
         now = time.time() if now is None else now
+        self._judge_by_swarm(now)
         for node_id, node in self.nodes.items():
             state = node.state(now, self.stale_s)
             if self._states.get(node_id) != state:

@@ -20,11 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.errors import EdgerunError
-from edgerun.fleet.rollout import (
-    RolloutControl,
-    decode_state,
-    phase_for,
-)
+from edgerun.fleet.rollout import RolloutControl, cohort_position, decode_state, phase_for
+from edgerun.ota.manifest import parse_manifest
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.ota.transport_mqtt import decode_release
 from edgerun.station.canary import CanaryPolicy, judge
@@ -141,8 +138,6 @@ class Station:
             return None
         try:
             offer = decode_release(payload, f"edgerun/fleet/releases/{model}")
-            from edgerun.ota.manifest import parse_manifest
-
             manifest = parse_manifest(offer.manifest)
         except Exception as err:  # an untrusted retained message: shown as broken, never raised
             return {"model": model, "error": str(err)[:300]}
@@ -168,8 +163,6 @@ class Station:
         view["nodes"] = len(nodes)
         verdict = judge(model, manifest.version, nodes, now, self.options.stale_s, self.options.policy)
         view["verdict"] = {"halt": verdict.halt, "reason": verdict.reason, "figures": verdict.figures}
-        from edgerun.fleet.rollout import cohort_position
-
         view["cohort"] = {n.id: cohort_position(manifest.rollout.salt, n.id) < manifest.rollout.percent
                           for n in nodes}
         return view
@@ -191,6 +184,8 @@ class Station:
                 self.broadcast("rollouts", {"rollouts": views, "read_only": self.read_only})
 
     async def _maybe_auto_halt(self, view: dict[str, Any], nodes: Any) -> None:
+        if view.get("phase") == "halted":
+            self._halting.discard((view["model"], view["version"]))  # judged again if it is promoted again
         if not self.options.auto_halt or view.get("phase") not in ("canary", "promoted") or "error" in view:
             return
         verdict = view["verdict"]

@@ -192,3 +192,25 @@ def test_parse_object_accepts_a_seen_by_count():
     parsed = parse_object({"id": 7, "label": "person", "east_m": 1, "north_m": 2, "seen_by": 4})
     assert parsed["id"] == "7" and parsed["seen_count"] == 4 and parsed["seen_by"] == []
     assert parse_object({"id": "x", "label": "face", "east_m": float("nan"), "north_m": 0}) is None
+
+
+def test_a_silent_node_is_dead_only_when_live_peers_say_so():
+    m = FleetModel(stale_s=10.0)
+
+    def view(reporter: str, states: dict[str, str]) -> bytes:
+        members = [{"name": reporter, "state": "alive", "incarnation": 1, "meta": {}}]
+        members += [{"name": k, "state": v, "incarnation": 1, "meta": {}} for k, v in states.items()]
+        return json.dumps({"schema": "edgerun.swarm/1", "node": reporter, "members": members}).encode()
+
+    for node in ("d1", "d2", "d3"):
+        m.ingest(f"edgerun/{node}/detections", detections(node), T0)
+    # d3 falls silent on MQTT; at first its peers still hear it over gossip (out of the broker's reach)
+    m.ingest("edgerun/d1/swarm", view("d1", {"d2": "alive", "d3": "alive"}), T0 + 11)
+    m.ingest("edgerun/d2/swarm", view("d2", {"d1": "alive", "d3": "alive"}), T0 + 11)
+    m.ingest("edgerun/d1/detections", detections("d1"), T0 + 11)
+    m.ingest("edgerun/d2/detections", detections("d2"), T0 + 11)
+    assert m.snapshot(T0 + 12)["nodes"]["d3"]["state"] == "stale"
+    m.ingest("edgerun/d1/swarm", view("d1", {"d2": "alive", "d3": "dead"}), T0 + 13)
+    m.ingest("edgerun/d2/swarm", view("d2", {"d1": "alive", "d3": "dead"}), T0 + 13)
+    assert m.snapshot(T0 + 14)["nodes"]["d3"]["state"] == "dead"
+    assert m.snapshot(T0 + 14)["nodes"]["d1"]["state"] == "online"
