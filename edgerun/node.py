@@ -163,7 +163,9 @@ class Node:
     engines opened and warm, pipeline) on a worker thread, so a SIGTERM during a
     long accelerator open is handled at once. ``serve`` starts the auxiliary
     services (sinks, HTTP, then the pipeline, watchdog and OTA), tells systemd
-    READY=1 and runs until stopped; the services stop in reverse order.
+    READY=1 and runs until stopped; the services stop in reverse order. A new
+    auxiliary service (the swarm, an MCU bridge) starts in ``serve`` and pushes
+    its stop onto ``self._services`` (an ``AsyncExitStack``): nothing else to wire.
     """
 
     def __init__(self, cfg: Config, *, observers: list[Callable[[DetectionBatch], None]] | None = None) -> None:
@@ -326,6 +328,10 @@ class Node:
         stop = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            done.cancel()
+            self._close_parts()
+            raise
         finally:
             stop.cancel()
         if done.done():
