@@ -112,6 +112,19 @@ class NodeCollector:
         yield from (queued, extra)
         yield from (sent, sdrop, errors, up)
         yield gauge("edgerun_pool_free_slots", "Frame slots not holding a frame.", node.pool_free())
+        updater = getattr(node, "updater", None)
+        if updater is not None:
+            try:  # installed.json is a few hundred bytes, read per scrape; a broken one is the updater's to report
+                installed = updater.store.installed()
+            except Exception:
+                installed = None
+            if installed is not None:
+                # Persisted across restarts, so the "OTA rollback" alert sees rollbacks a crash loop would hide.
+                yield gauge(
+                    "edgerun_ota_rolled_back_versions",
+                    "Model versions this node rolled back (never retried).",
+                    len(installed.rejected),
+                )
         failover = getattr(node, "failover", None)
         if failover is not None:
             active = GaugeMetricFamily(
