@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench lint venv models system-deps clean
+.PHONY: all demo test test-gpu bench lint venv models system-deps clean firmware-test mcu-bench mcu-fuzz
 
 all: test
 
@@ -53,5 +53,20 @@ bench: $(MODELS)
 lint: $(INSTALLED)
 	$(BIN)/ruff check edgerun tests
 
+# MCU firmware (firmware_mcu/): C tests under ASan/UBSan (also run by `make test` through pytest),
+# the serial-link benchmark against edgelink-sim, and the decoder fuzzer (FUZZ_SECONDS, default 300).
+FUZZ_SECONDS ?= 300
+firmware-test:
+	$(MAKE) -C firmware_mcu test
+
+mcu-bench: $(INSTALLED)
+	$(MAKE) -C firmware_mcu sim
+	mkdir -p bench-results
+	$(BIN)/python -m edgerun.mcu.bench --rates 200 1000 5000 --seconds 10 --json bench-results/mcu_link.json > /dev/null
+
+mcu-fuzz:
+	nice -n 15 $(MAKE) -C firmware_mcu fuzz-run FUZZ_SECONDS=$(FUZZ_SECONDS)
+
 clean:
 	rm -rf out bench-results .pytest_cache
+	$(MAKE) -C firmware_mcu clean
