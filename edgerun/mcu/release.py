@@ -83,6 +83,8 @@ def build_mcu_release(image: bytes, name: str, version: int, out_dir: str | Path
     """Write ``out_dir/`` with the image, its manifest and the manifest's minisign signature."""
     if not NAME_RE.match(name):
         raise Rejected("config", f"MCU model name {name!r}: 1-16 characters of A-Z a-z 0-9 . _ -")
+    if not 1 <= version <= 0xFFFFFFFF:
+        raise Rejected("config", f"MCU model version {version}: expected 1..4294967295")
     if not 1 <= len(image) <= MAX_IMAGE:
         raise Rejected("config", f"MCU image: {len(image)} bytes, expected 1..{MAX_IMAGE}")
     manifest = McuManifest(name, version, len(image), hashlib.sha256(image).digest())
@@ -146,3 +148,36 @@ def verify_mcu_release(directory: str | Path, keys: list[PublicKey]) -> McuRelea
     if len(image) != manifest.size or hashlib.sha256(image).digest() != manifest.sha256:
         raise Rejected("hash_mismatch", f"{root / IMAGE_FILE}: does not match the signed size and SHA-256")
     return McuRelease(manifest, data, chosen, image)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m edgerun.mcu.release IMAGE --name N --version V --key release.key --out DIR``."""
+    import argparse
+    import os
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m edgerun.mcu.release", description="sign an MCU model release")
+    parser.add_argument("image", help="the model image the MCU stores (e.g. an int8 .tflite)")
+    parser.add_argument("--name", required=True, help="model name, at most 16 characters")
+    parser.add_argument("--version", type=int, required=True, help="model version; must be above the MCU's")
+    parser.add_argument("--key", required=True, help="minisign secret key of a release key")
+    parser.add_argument("--out", required=True, help="release directory to write")
+    parser.add_argument("--password-env", help="the secret key's password is in this variable")
+    args = parser.parse_args(argv)
+    try:
+        password = None
+        if args.password_env:
+            if args.password_env not in os.environ:
+                raise SignatureError(f"--password-env {args.password_env}: the variable is not set")
+            password = os.environ[args.password_env].encode()
+        key = SecretKey.load(args.key, password)
+        out = build_mcu_release(Path(args.image).read_bytes(), args.name, args.version, args.out, key)
+    except (OSError, SignatureError, Rejected) as err:
+        print(f"edgerun.mcu.release: {err}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

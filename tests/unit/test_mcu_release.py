@@ -98,5 +98,18 @@ def test_build_refuses_bad_names_and_sizes(tmp_path: Path, key: SecretKey) -> No
         build_mcu_release(IMAGE, "much-too-long-model-name", 1, tmp_path, key)
     with pytest.raises(Rejected, match="MCU image: 0 bytes"):
         build_mcu_release(b"", "kws", 1, tmp_path, key)
+    with pytest.raises(Rejected, match=r"MCU model version 0: expected 1..4294967295"):
+        build_mcu_release(IMAGE, "kws", 0, tmp_path, key)
     with pytest.raises(Rejected, match="magic b'XMM1'"):
         McuManifest.parse(b"XMM1" + bytes(60))
+
+
+def test_command_line_signs_a_release(tmp_path: Path, key: SecretKey) -> None:
+    from edgerun.mcu.release import main
+
+    (tmp_path / "release.key").write_text(key.to_text())
+    (tmp_path / "model.bin").write_bytes(IMAGE)
+    args = [str(tmp_path / "model.bin"), "--name", "kws", "--version", "4", "--key", str(tmp_path / "release.key")]
+    assert main([*args, "--out", str(tmp_path / "rel")]) == 0
+    assert verify_mcu_release(tmp_path / "rel", [key.public_key]).manifest.version == 4
+    assert main([*args[:-2], "--key", str(tmp_path / "missing.key"), "--out", str(tmp_path / "x")]) == 2
