@@ -30,6 +30,7 @@ from edgerun.types import DetectionBatch, Detections, FrameMeta
 log = logging.getLogger(__name__)
 
 LOG_LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)
+MCU_LOG_LINES_PER_S = 10  # an MCU stuck in a loop logging must not flood the node's log
 
 
 class _SerialProtocol(asyncio.Protocol):
@@ -80,6 +81,8 @@ class McuBridge:
         self._relay: OtaRelay | None = None
         self._relay_lock = asyncio.Lock()
         self._hello_logged: Hello | None = None
+        self.mcu_logs_suppressed = 0
+        self._log_window = (0.0, 0)  # (second it started, lines logged in it)
 
     @property
     def connected(self) -> bool:
@@ -170,10 +173,21 @@ class McuBridge:
                              msg.fw_version, msg.name or "-", msg.model_version, msg.active_slot)
                     self._hello_logged = msg
             elif isinstance(msg, Log):
-                level = LOG_LEVELS[min(msg.level, len(LOG_LEVELS) - 1)]
-                log.log(level, "mcu %s: %s", self.cfg.port, msg.text.decode("utf-8", "replace"))
+                self._log_line(msg)
         if run:
             self._submit(run)
+
+    def _log_line(self, msg: Log) -> None:
+        now = self.clock()
+        start, lines = self._log_window
+        if now - start >= 1.0:
+            start, lines = now, 0
+        if lines >= MCU_LOG_LINES_PER_S:
+            self.mcu_logs_suppressed += 1
+            return
+        self._log_window = (start, lines + 1)
+        level = LOG_LEVELS[min(msg.level, len(LOG_LEVELS) - 1)]
+        log.log(level, "mcu %s: %s", self.cfg.port, msg.text.decode("utf-8", "replace"))
 
     def _submit(self, run: list[Detection]) -> None:
         hello = self.link.hello
@@ -271,6 +285,7 @@ class McuBridge:
             "batches": self.batches,
             "detections": self.detections,
             "submit_errors": self.submit_errors,
+            "mcu_logs_suppressed": self.mcu_logs_suppressed,
             "mcu_uptime_ms": hb.uptime_ms if hb else 0,
             "mcu_detections_sent": hb.detections_sent if hb else 0,
             "mcu_detections_dropped": hb.detections_dropped if hb else 0,

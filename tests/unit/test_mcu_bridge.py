@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from edgerun.config import McuConfig
 from edgerun.mcu.bridge import McuBridge
-from edgerun.mcu.protocol import Detection, Heartbeat, Hello, encode_message
+from edgerun.mcu.protocol import Detection, Heartbeat, Hello, Log, encode_message
 from edgerun.types import DetectionBatch
 
 
@@ -64,3 +64,12 @@ def test_metrics_expose_link_and_mcu_health() -> None:
     assert 'edgerun_mcu_reported_dropped_total{port="/dev/ttyTEST"} 2.0' in text
     assert 'edgerun_mcu_uptime_seconds{port="/dev/ttyTEST"} 5.0' in text
     assert 'edgerun_mcu_connected{port="/dev/ttyTEST"} 0.0' in text
+
+
+def test_mcu_log_lines_are_rate_limited_and_counted(caplog) -> None:
+    bridge = _bridge([])
+    with caplog.at_level("DEBUG", logger="edgerun.mcu.bridge"):
+        bridge.receive(b"".join(encode_message(Log(2, f"line {i}".encode()), i) for i in range(25)))
+    lines = [r for r in caplog.records if "line" in r.getMessage()]
+    assert len(lines) == 10 and lines[0].levelname == "WARNING"
+    assert bridge.counters()["mcu_logs_suppressed"] == 15
