@@ -8,7 +8,9 @@ members whose timers fire late (``--starve``).
 
 Printed and written (``--json``): ``full_membership_s`` (every member sees all N alive), ``detect_p50_s`` /
 ``detect_max_s`` (killed member declared dead, over all observers), ``suspicions``, ``refutations``,
-``false_deaths`` (a member declared dead by an observer that could reach it while it was alive),
+``false_deaths`` (a member declared dead by an observer that could reach it while it was alive, outside a
+partition and the minute after its heal; those are ``partition_deaths`` across the cut and
+``partition_same_side_deaths`` within a side),
 ``bytes_per_node_s`` (datagrams and streams sent), ``duplicate_ratio`` (fleet reports of a ground target
 while the object of an earlier report was still within the dedup window, i.e. the target never went unseen for
 a whole window in between, over targets seen by two or more drones), ``dedup_added_latency_s``
@@ -190,11 +192,13 @@ class SwarmSim:
 
     # ------------------------------------------------------------------ figures
 
+    def _in_partition(self, t: float) -> bool:
+        # a partition's effect lingers up to the longest suspicion timeout after the heal
+        return any(start <= t <= end + 60.0 for start, end in self.partitioned)
+
     def _cut_at(self, t: float, a: str, b: str) -> bool:
         half = self.cfg.nodes // 2
-        side_a, side_b = self.names.index(a) < half, self.names.index(b) < half
-        # a partition's effect lingers up to the suspicion timeout after the heal
-        return side_a != side_b and any(start <= t <= end + 60.0 for start, end in self.partitioned)
+        return (self.names.index(a) < half) != (self.names.index(b) < half) and self._in_partition(t)
 
     def figures(self) -> dict:
         cfg = self.cfg
@@ -212,6 +216,7 @@ class SwarmSim:
         detections: list[float] = []
         false_deaths = 0
         partition_deaths = 0
+        same_side = 0
         for name, host in hosts.items():
             for t, event in host.events:
                 if not isinstance(event, MemberEvent) or event.kind != "dead":
@@ -221,6 +226,9 @@ class SwarmSim:
                     continue
                 if self._cut_at(t, name, about):
                     partition_deaths += 1
+                elif self._in_partition(t):
+                    # the other side's DEAD gossip about one of ours reaches our side at the heal (it refutes)
+                    same_side += 1
                 else:
                     false_deaths += 1
             if self.killed and name != self.killed and host.alive:
@@ -245,6 +253,7 @@ class SwarmSim:
             "refutations": sum(s["refutations"] for s in stats),
             "false_deaths": false_deaths,
             "partition_deaths": partition_deaths,
+            "partition_same_side_deaths": same_side,
             "bytes_per_node_s": round(sent / cfg.nodes / cfg.seconds, 1),
             "max_health_score": max(h.membership.health_score for h in self.hosts),
             "dropped": sum(sum(s["dropped"].values()) for s in stats),
