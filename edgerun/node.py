@@ -28,6 +28,8 @@ from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.engines.breadcrumb import Breadcrumbs, default_state_dir
 from edgerun.engines.failover import LAST_RESORT, EventCallback, Failover, FailoverSettings
 from edgerun.errors import SourceError
+from edgerun.fleet.member_meta import MemberMeta
+from edgerun.fleet.service import FleetMember
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
 from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
@@ -42,7 +44,7 @@ from edgerun.sinks import sink_class
 from edgerun.sinks.base import Sink
 from edgerun.sources import make_source
 from edgerun.sources.base import Source
-from edgerun.types import DetectionBatch
+from edgerun.types import DetectionBatch, Pose
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +186,8 @@ class Node:
             retire_timeout_s=cfg.service.shutdown_timeout_s, on_swap=self._on_model_swapped
         )
         self.updater: Any = None  # edgerun.ota.updater.Updater when ota.enabled
+        self.fleet: FleetMember | None = None  # the swarm member when swarm.enabled
+        self.last_pose: Pose | None = None  # the camera pose of the latest frame that had one
         self.source: Source | None = None
         self._source_error = ""  # why the source did not open at start ("" when it did)
         self._starting: Failover | None = None  # the failover being opened by build, until it serves
@@ -249,6 +253,10 @@ class Node:
             self.health.mark_running()
         for sink in self.sinks:
             sink.submit(batch, now)
+        if batch.meta.pose is not None:
+            self.last_pose = batch.meta.pose
+        if self.fleet is not None:
+            self.fleet.observe(batch)
         for observe in self.observers:
             observe(batch)
 
@@ -435,6 +443,8 @@ class Node:
         services = self._services
         try:
             await self._start_sinks()
+            if self.cfg.swarm.enabled:
+                await self._start_fleet()
             # After the sinks: the failover's first event reports how the engines started.
             self.serving.serve(pipeline, failover)
             self._starting = None
@@ -513,6 +523,48 @@ class Node:
             if setter is not None:
                 setter(self.summary)
 
+    async def _start_fleet(self) -> None:
+        """Join the swarm: claims from this node's detections, fleet objects it owns on every sink."""
+        fleet = FleetMember(
+            self.cfg.swarm,
+            self.node_id,
+            publish_object=self._publish_object,
+            publish_event=self.publish_event,
+            meta=self.member_meta,
+        )
+        fleet.view_listeners.append(self._publish_swarm_view)
+        await fleet.start()
+        self.fleet = fleet
+        self._services.push_async_callback(fleet.stop)  # before the sinks close: the leave is announced
+
+    def _publish_object(self, payload: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.publish_object(payload)
+
+    def _publish_swarm_view(self, view: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.publish_swarm_view(view)
+
+    def member_meta(self) -> MemberMeta:
+        """What this node gossips about itself: model, engine, health and where its camera is."""
+        failover = self.failover
+        pose = self.last_pose
+        meta = MemberMeta(
+            model=self.model_name,
+            version=self.model_version,
+            engine=self.engine_key,
+            fallback=bool(failover is not None and failover.active_key and failover.active_key != failover.keys[0]),
+            health=self.health.state,
+            fps=round(self.fps(), 1),
+        )
+        if pose is not None:
+            meta.east, meta.north, meta.up = round(pose.east_m, 2), round(pose.north_m, 2), round(pose.up_m, 2)
+            meta.yaw, meta.hfov = round(pose.yaw_deg, 1), round(pose.hfov_deg, 1)
+        return meta
+
+    def health_extra(self) -> dict[str, Any]:
+        return {"swarm": self.fleet.view()} if self.fleet is not None else {}
+
     async def _watch_sinks(self, period_s: float = 0.5) -> None:
         """Mirror each sink's link state into health: ``sink.mqtt: connection refused`` while it is down."""
         while True:
@@ -538,6 +590,7 @@ class Node:
             health=self.health,
             metrics_text=lambda: metrics_text(registry),
             snapshot_jpeg=self.snapshot_jpeg,
+            health_extra=self.health_extra,
         )
         await http.start()
         self.http_port = http.port

@@ -13,6 +13,7 @@ it names (a key file, a TLS file, a directory's permissions) and raises a
   (``ModelError``, also exit 2; its contents are checked when it is loaded,
   the next step);
 * inputs: ``source.path`` for an images source, ``source.replay.scene``;
+* the swarm: ``swarm.key_file`` holds valid keys, ``swarm.bind`` and ``swarm.seeds`` are host:port;
 * writable state: ``engine.state_dir`` (crash breadcrumbs, when an
   accelerator is configured), ``ota.state_dir`` (when OTA is on), the JSONL
   sink's directory, and the cache a ``.tar`` bundle is unpacked into.
@@ -113,4 +114,16 @@ def unwritable(path: Path) -> str:
     return ""
 
 
-CHECKS: list[Check] = [check_bundle, check_root_keys, check_tls, check_inputs, check_writable_dirs]
+def check_swarm(cfg: Config) -> None:
+    """The swarm key file (missing, unreadable, wrong size) and the gossip addresses, each naming its key."""
+    if not cfg.swarm.enabled:
+        return
+    from edgerun.fleet.service import load_swarm_keyring, parse_hostport
+
+    load_swarm_keyring(cfg.swarm.key_file)
+    parse_hostport(cfg.swarm.bind, "swarm.bind")
+    for i, seed in enumerate(cfg.swarm.seeds):
+        parse_hostport(seed, f"swarm.seeds[{i}]")
+
+
+CHECKS: list[Check] = [check_bundle, check_root_keys, check_tls, check_inputs, check_writable_dirs, check_swarm]

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Callable
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -37,10 +37,12 @@ class HttpService:
         health: Health,
         metrics_text: Callable[[], str],
         snapshot_jpeg: Callable[[], bytes | None],
+        health_extra: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.health = health
+        self.health_extra = health_extra  # more of the node's state in /healthz (the swarm view)
         self.metrics_text = metrics_text
         self.snapshot_jpeg = snapshot_jpeg
         self._runner: web.AppRunner | None = None
@@ -80,6 +82,8 @@ class HttpService:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         body = self.health.to_json()
+        if self.health_extra is not None:
+            body.update(self.health_extra())
         return web.json_response(body, status=503 if body["state"] == "stopping" else 200)
 
     async def _readyz(self, request: web.Request) -> web.Response:

@@ -6,7 +6,7 @@ A custom collector reads the pipeline's and sinks' plain counters when
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -31,6 +31,45 @@ def _histogram(name: str, doc: str, labels: list[str], series: list[tuple[list[s
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
         family.add_metric(values, buckets, hist.sum_s)
     return family
+
+
+MEMBER_STATES = ("alive", "suspect", "dead", "left")
+
+
+def swarm_metrics(fleet: Any) -> Iterator[Metric]:
+    """Membership, gossip traffic and dedup counters of the node's swarm member."""
+    members = GaugeMetricFamily(
+        "edgerun_swarm_members", "Swarm members in each state, this node's view.", labels=["state"]
+    )
+    counts = dict.fromkeys(MEMBER_STATES, 0)
+    for member in fleet.members():
+        state = member.state.name.lower()
+        counts[state] = counts.get(state, 0) + 1
+    for state, n in counts.items():
+        members.add_metric([state], n)
+    yield members
+    counters = fleet.counters()
+    agent, dedup = counters["agent"], counters["dedup"]
+    dropped = CounterMetricFamily(
+        "edgerun_swarm_packets_dropped", "Gossip packets (and claims in them) dropped, by reason.", labels=["reason"]
+    )
+    for reason, n in sorted((agent.get("dropped") or {}).items()):
+        dropped.add_metric([reason], n)
+    for reason, n in sorted(dedup.dropped.items()):
+        dropped.add_metric([f"claim_{reason}"], n)
+    yield dropped
+    wire = CounterMetricFamily("edgerun_swarm_bytes", "Gossip bytes on the wire, encrypted.", labels=["direction"])
+    wire.add_metric(["in"], agent.get("bytes_in", 0))
+    wire.add_metric(["out"], agent.get("bytes_out", 0))
+    yield wire
+    objects = CounterMetricFamily("edgerun_fleet_objects", "Fleet objects this node owned and reported.")
+    objects.add_metric([], counters["objects_published"])
+    yield objects
+    suppressed = CounterMetricFamily(
+        "edgerun_dedup_suppressed", "Objects this node saw but left to their owner (another node's report)."
+    )
+    suppressed.add_metric([], dedup.suppressed)
+    yield suppressed
 
 
 class NodeCollector:
@@ -112,6 +151,9 @@ class NodeCollector:
         yield from (queued, extra)
         yield from (sent, sdrop, errors, up)
         yield gauge("edgerun_pool_free_slots", "Frame slots not holding a frame.", node.pool_free())
+        fleet = getattr(node, "fleet", None)
+        if fleet is not None:
+            yield from swarm_metrics(fleet)
         updater = getattr(node, "updater", None)
         if updater is not None:
             try:  # installed.json is a few hundred bytes, read per scrape; a broken one is the updater's to report

@@ -1,0 +1,212 @@
+"""The node's swarm member: gossip membership, ground claims from detections, fleet-object reports.
+
+Runs on the node's event loop beside the sinks (no thread of its own). Per frame it only
+projects the frame's boxes onto the ground (a few vectorised numpy ops) and hands the fixes
+to ``swarm.dedup.Dedup``; claims go out on the gossip as application broadcasts, and every
+gossip interval the objects this node owns are published to the fleet topic through the sinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from edgerun.config import SwarmConfig
+from edgerun.errors import ConfigError
+from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
+from edgerun.types import DetectionBatch
+
+log = logging.getLogger(__name__)
+
+SWARM_VIEW_SCHEMA = "edgerun.swarm/1"
+
+
+def parse_hostport(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what}: expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def swarm_timing(cfg: SwarmConfig) -> Any:
+    """swarm.config.SwarmTiming with the configured overrides (0 keeps memberlist's LAN default)."""
+    import dataclasses
+
+    from swarm.config import SwarmTiming
+
+    overrides = {name: value for name, value in msgspec_fields(cfg.timing) if value}
+    return dataclasses.replace(SwarmTiming(), **overrides)
+
+
+def msgspec_fields(struct: Any) -> list[tuple[str, Any]]:
+    return [(name, getattr(struct, name)) for name in struct.__struct_fields__]
+
+
+def load_swarm_keyring(path: str) -> Any:
+    """The swarm keyring, or a ConfigError naming the file (missing, unreadable, wrong size)."""
+    from swarm.keyring import Keyring, KeyringError
+
+    if not path:
+        raise ConfigError("swarm.key_file: required when swarm.enabled (make one with `edgerun swarm keygen`)")
+    try:
+        return Keyring.load(path)
+    except KeyringError as err:
+        raise ConfigError(f"swarm.key_file: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"swarm.key_file: {path}: {err.strerror or err}") from None
+
+
+class FleetMember:
+    """One node's place in the swarm: membership, dedup, fleet-object publishing, metadata."""
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        node_id: str,
+        *,
+        publish_object: Callable[[dict[str, Any]], None],
+        publish_event: Callable[[str, dict[str, Any]], None],
+        meta: Callable[[], MemberMeta],
+    ) -> None:
+        self.cfg = cfg
+        self.node_id = node_id
+        self._publish_object = publish_object
+        self._publish_event = publish_event
+        self._meta = meta
+        self.keyring = load_swarm_keyring(cfg.key_file)
+        self.bind = parse_hostport(cfg.bind, "swarm.bind")
+        self.seeds = [parse_hostport(seed, f"swarm.seeds[{i}]") for i, seed in enumerate(cfg.seeds)]
+        self.agent: Any = None
+        self.dedup: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._labels = set(cfg.labels)
+        self.objects_published = 0
+        self.view_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        from swarm.agent import SwarmAgent
+        from swarm.dedup import Dedup, DedupConfig
+
+        cfg = self.cfg
+        now = time.monotonic()
+        self.dedup = Dedup(
+            self.node_id, DedupConfig(radius_m=cfg.radius_m, window_s=cfg.window_s, hold_s=cfg.hold_s), now=now
+        )
+        self.agent = SwarmAgent(
+            self.node_id, self.bind, swarm_timing(cfg), self.keyring, meta=encode_meta(self._meta()), seeds=self.seeds
+        )
+        self.agent.on_event(self._on_swarm_event)
+        await self.agent.start()
+        self._task = asyncio.create_task(self._run())
+        log.info("swarm: %s gossiping on %s:%d, %d seed(s)", self.node_id, *self.agent.address, len(self.seeds))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.agent is not None:
+            await self.agent.stop(leave=True)
+
+    # -- per frame, on the loop ---------------------------------------------------
+
+    def observe(self, batch: DetectionBatch) -> None:
+        """Hand a frame's detections (with the camera pose) to dedup as ground fixes."""
+        pose = batch.meta.pose
+        det = batch.detections
+        if pose is None or not len(det) or self.dedup is None:
+            return
+        from swarm.dedup import Observation
+        from swarm.geo import CameraPose, project_boxes
+
+        keep = det.scores >= self.cfg.min_score
+        if self._labels:
+            keep &= np.array([batch.label_of(c) in self._labels for c in det.class_ids.tolist()], bool)
+        if not keep.any():
+            return
+        camera = CameraPose(
+            east_m=pose.east_m, north_m=pose.north_m, up_m=pose.up_m,
+            yaw_deg=pose.yaw_deg, pitch_deg=pose.pitch_deg, roll_deg=pose.roll_deg, hfov_deg=pose.hfov_deg,
+        )
+        idx = np.flatnonzero(keep)
+        fixes = project_boxes(det.boxes[idx], camera, batch.meta.width, batch.meta.height)
+        hit = ~np.isnan(fixes[:, 0])
+        observations = [
+            Observation(
+                label=batch.label_of(int(det.class_ids[i])),
+                east_m=float(east),
+                north_m=float(north),
+                sigma_m=float(sigma),
+                score=float(det.scores[i]),
+            )
+            for i, (east, north, sigma) in zip(idx[hit].tolist(), fixes[hit].tolist())
+        ]
+        if observations:
+            self.dedup.observe(observations, time.monotonic(), batch.meta.wall_time)
+
+    # -- gossip interval -----------------------------------------------------------
+
+    async def _run(self) -> None:
+        interval = self.agent.timing.gossip_interval_s
+        next_meta = 0.0
+        while True:
+            now, wall = time.monotonic(), time.time()
+            for key, payload in self.dedup.outgoing():
+                self.agent.queue_broadcast(key, payload)
+            for obj in self.dedup.tick(now, wall):
+                self.objects_published += 1
+                self._publish_object(obj.to_payload())
+            if now >= next_meta:
+                next_meta = now + self.cfg.meta_interval_s
+                self.agent.set_meta(encode_meta(self._meta()))
+                view = self.view()
+                for listener in self.view_listeners:
+                    listener(view)
+            await asyncio.sleep(interval)
+
+    def _on_swarm_event(self, event: Any) -> None:
+        from swarm.membership import UserBroadcast
+
+        if isinstance(event, UserBroadcast):
+            self.dedup.receive(event.payload, time.monotonic())
+            return
+        member = event.member
+        if event.kind in ("join", "dead", "leave", "refute", "suspect", "alive"):
+            level = logging.WARNING if event.kind in ("dead", "suspect") else logging.INFO
+            log.log(level, "swarm: %s %s (incarnation %d)", member.name, event.kind, member.incarnation)
+            self._publish_event(
+                "swarm",
+                {"change": event.kind, "member": member.name, "incarnation": member.incarnation,
+                 "addr": f"{member.addr[0]}:{member.addr[1]}"},
+            )
+
+    # -- read by the service ---------------------------------------------------------
+
+    def members(self) -> list[Any]:
+        return self.agent.members() if self.agent is not None else []
+
+    def view(self) -> dict[str, Any]:
+        """This node's view of the swarm, for /healthz and the retained ``swarm`` topic."""
+        members = []
+        for m in sorted(self.members(), key=lambda m: m.name):
+            meta = decode_meta(m.meta)
+            members.append(
+                {
+                    "name": m.name,
+                    "addr": f"{m.addr[0]}:{m.addr[1]}",
+                    "state": m.state.name.lower(),
+                    "incarnation": m.incarnation,
+                    "meta": meta.to_json() if meta is not None else None,
+                }
+            )
+        return {"schema": SWARM_VIEW_SCHEMA, "node": self.node_id, "ts": round(time.time(), 3), "members": members}
+
+    def counters(self) -> dict[str, Any]:
+        agent_stats = self.agent.stats if self.agent is not None else {}
+        dedup_stats = self.dedup.stats if self.dedup is not None else {}
+        return {"agent": agent_stats, "dedup": dedup_stats, "objects_published": self.objects_published}
