@@ -19,7 +19,9 @@ What it does, after memberlist (state.go, suspicion.go, awareness.go, queue.go) 
   a newer update about a member replacing the queued older one (memberlist's TransmitLimitedQueue);
 * periodic push-pull of the full state over a stream repairs what gossip lost (and heals partitions);
 * app broadcasts (``queue_broadcast``) spread epidemically: every member delivers a (sender, key) payload
-  once per newer ``seq`` and re-gossips it; recent ones also ride on push-pull so they cross a healed partition.
+  once per newer ``seq`` and re-gossips it; a member's own recent ones also ride on its push-pulls;
+* members declared dead are tried with a push-pull once per push-pull interval (serf's reconnect), which is
+  what joins two halves again after a partition long enough for both to forget each other.
 
 Interface changes since the skeleton commit: none (``packet_budget`` is the keyword-only extra the interface
 allows).
@@ -31,10 +33,10 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from swarm.broadcast_queue import BroadcastQueue, retransmit_limit
 from swarm.config import SwarmTiming
 from swarm.messages import (
     MAX_KEY_BYTES,
@@ -62,13 +64,13 @@ from swarm.messages import (
     encode_stream,
     packet_overhead,
 )
+from swarm.suspicion import Suspicion, suspicion_timeout
 
 __all__ = ["DEFAULT_PACKET_BUDGET", "Member", "MemberEvent", "MemberState", "Membership", "UserBroadcast"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PACKET_BUDGET = 1400 - 64
-MAX_QUEUED_BROADCASTS = 1024
 MAX_MEMBERS = MAX_PUSH_MEMBERS
 MAX_RELAYS = 1024
 MAX_STORED_USER_MSGS = 4096
@@ -106,101 +108,6 @@ class MemberEvent:
 class UserBroadcast:
     payload: bytes
     sender: str
-
-
-@dataclass
-class _Queued:
-    data: bytes
-    transmits: int
-    order: int
-
-
-class BroadcastQueue:
-    """memberlist's TransmitLimitedQueue: least-sent first (newest first among equals), bounded retransmits.
-
-    Queuing under a key that is already queued replaces the older item (newer state about a member, a newer
-    payload of an app key); the replacement starts again at zero transmits.
-    """
-
-    def __init__(self, max_items: int = MAX_QUEUED_BROADCASTS) -> None:
-        self._items: dict[Hashable, _Queued] = {}
-        self._order = 0
-        self._max_items = max_items
-        self.pruned = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def queue(self, key: Hashable, data: bytes) -> None:
-        self._order += 1
-        self._items.pop(key, None)
-        self._items[key] = _Queued(data, 0, self._order)
-        if len(self._items) > self._max_items:
-            # Like memberlist's Prune: drop the items that have been sent the most (oldest among equals).
-            victim = max(self._items, key=lambda k: (self._items[k].transmits, -self._items[k].order))
-            del self._items[victim]
-            self.pruned += 1
-
-    def transmits(self, key: Hashable) -> int | None:
-        item = self._items.get(key)
-        return None if item is None else item.transmits
-
-    def take(self, space: int, max_count: int, transmit_limit: int) -> list[bytes]:
-        """Items that fit in ``space`` bytes (at most ``max_count``), each counted as sent once more."""
-        if not self._items or space <= 0 or max_count <= 0:
-            return []
-        taken: list[bytes] = []
-        ranked = sorted(self._items.items(), key=lambda kv: (kv[1].transmits, -kv[1].order))
-        for key, item in ranked:
-            if len(item.data) > space:
-                continue
-            taken.append(item.data)
-            space -= len(item.data)
-            item.transmits += 1
-            if item.transmits >= transmit_limit:
-                del self._items[key]
-            if len(taken) >= max_count or space <= 0:
-                break
-        return taken
-
-
-@dataclass
-class _Suspicion:
-    """One suspicion timer: starts at ``max_s`` and shrinks towards ``min_s`` with independent confirmations."""
-
-    k: int
-    min_s: float
-    max_s: float
-    start: float
-    deadline: float
-    confirmations: set[str]
-    n: int = 0
-
-    def confirm(self, source: str, now: float) -> bool:
-        if self.n >= self.k or source in self.confirmations:
-            return False
-        self.confirmations.add(source)
-        self.n += 1
-        # Already past the shrunken deadline: fire now (memberlist calls the timeout function directly).
-        self.deadline = max(self.start + remaining_suspicion_time(self.n, self.k, self.min_s, self.max_s), now)
-        return True
-
-
-def remaining_suspicion_time(n: int, k: int, min_s: float, max_s: float) -> float:
-    """Total suspicion timeout after ``n`` of the ``k`` wanted confirmations (memberlist suspicion.go)."""
-    frac = math.log(n + 1.0) / math.log(k + 1.0)
-    raw = max_s - frac * (max_s - min_s)
-    return max(math.floor(1000.0 * raw) / 1000.0, min_s)
-
-
-def suspicion_timeout(suspicion_mult: int, n: int, interval_s: float) -> float:
-    """The minimum suspicion timeout: ``mult * max(1, log10(n)) * probe interval`` (memberlist util.go)."""
-    return suspicion_mult * max(1.0, math.log10(max(1.0, float(n)))) * interval_s
-
-
-def retransmit_limit(retransmit_mult: int, n: int) -> int:
-    """How many times one update is sent: ``mult * ceil(log10(n + 1))`` (memberlist util.go)."""
-    return retransmit_mult * math.ceil(math.log10(n + 1.0))
 
 
 def push_pull_scale(interval_s: float, n: int) -> float:
@@ -280,7 +187,7 @@ class Membership:
         self._probe_index = 0
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
-        self._suspicions: dict[str, _Suspicion] = {}
+        self._suspicions: dict[str, Suspicion] = {}
         self._seq = 0
         self._token = 0
         self._streams: dict[int, _Stream] = {}
@@ -646,7 +553,7 @@ class Membership:
             k = 0  # too few members to ever get k confirmations
         min_s = suspicion_timeout(self.timing.suspicion_mult, n, self.timing.probe_interval_s)
         max_s = self.timing.suspicion_max_timeout_mult * min_s
-        self._suspicions[s.name] = _Suspicion(k, min_s, max_s, now, now + (max_s if k >= 1 else min_s), {s.source})
+        self._suspicions[s.name] = Suspicion(k, min_s, max_s, now, now + (max_s if k >= 1 else min_s), {s.source})
         self._emit("suspect", member)
 
     def _dead(self, d: Dead, now: float) -> None:

@@ -12,18 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swarm.broadcast_queue import BroadcastQueue, retransmit_limit
 from swarm.config import SwarmTiming
-from swarm.membership import (
-    BroadcastQueue,
-    Member,
-    MemberEvent,
-    Membership,
-    MemberState,
-    UserBroadcast,
-    remaining_suspicion_time,
-    retransmit_limit,
-    suspicion_timeout,
-)
+from swarm.membership import Member, MemberEvent, Membership, MemberState, UserBroadcast
 from swarm.memnet import MemNet, Starvation
 from swarm.messages import (
     Ack,
@@ -38,6 +29,7 @@ from swarm.messages import (
     encode_message,
     encode_packet,
 )
+from swarm.suspicion import remaining_suspicion_time, suspicion_timeout
 
 TIMING = SwarmTiming()
 
