@@ -25,6 +25,7 @@ from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.ota.release import ReleaseSpec
 from edgerun.ota.transport_dir import DirectoryTransport
 from edgerun.ota.updater import Updater, judge_window
+from edgerun.pipeline.serving import Served
 from tests.unit.test_ota_release import Fleet, head_variant
 
 
@@ -54,7 +55,11 @@ class Rig:
                 },
             }
         )
-        self.node = SimpleNamespace(cfg=cfg, node_id="node-7", observers=[], sinks=[], failover=None)
+        self.events: list[tuple[str, dict]] = []
+        # The updater's view of a node (UpdaterHost): no pipeline is needed to judge an offer.
+        self.node = SimpleNamespace(
+            cfg=cfg, node_id="node-7", observers=[], publish_event=lambda kind, data: self.events.append((kind, data))
+        )
         self.updater = Updater(self.node, cfg.ota)  # type: ignore[arg-type]
         self.updater.boot_bundle(lambda: installed)
         self.transport = DirectoryTransport(self.fleet.release_dir)
@@ -311,7 +316,7 @@ def test_a_stop_while_warmed_is_written_closes_the_update(tmp_path, blazeface_bu
     rig.fleet.publish(variants["v2"])
     updater, store = rig.updater, rig.updater.store
     closed: list = []
-    monkeypatch.setattr(updater, "_open_runtime", lambda bundle, loop: ("new runtime", "new failover"))
+    monkeypatch.setattr(updater, "_open_runtime", lambda bundle: Served("new runtime", "new failover"))
 
     async def close(serving) -> None:
         closed.append(serving)
