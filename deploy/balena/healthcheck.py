@@ -15,7 +15,8 @@ import urllib.request
 
 
 def main() -> int:
-    port = os.environ.get("EDGERUN_HTTP_PORT", "8089")
+    # The same variable that sets [service] http_port (edgerun/config_env.py); 8089 is node.toml's.
+    port = os.environ.get("EDGERUN_SERVICE_HTTP_PORT", "8089")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=4) as resp:
             body = json.load(resp)
