@@ -363,8 +363,17 @@ class Membership:
             log.exception("swarm: stream reply handling failed")
 
     def handle_timer(self, now: float) -> None:
-        """Run everything that is due at ``now``; call it at (or after) ``get_timer()``."""
+        """Run everything that is due at ``now``; call it at (or after) ``get_timer()``. Never raises."""
         self._now = now
+        try:
+            self._run_due(now)
+        except Exception:  # a bug must not stop the driver's timer: counted, logged, and the next tick runs
+            self.stats["dropped"]["internal"] += 1
+            log.exception("swarm: timer handling failed")
+            self._next_probe = max(self._next_probe, now + self.timing.probe_interval_s)
+            self._next_gossip = max(self._next_gossip, now + self.timing.gossip_interval_s)
+
+    def _run_due(self, now: float) -> None:
         due = self.get_timer()
         if due is not None and now - due >= LATE_TIMER_FRACTION * self.timing.probe_timeout_s:
             self.stats["late_timers"] += 1
