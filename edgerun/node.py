@@ -188,6 +188,7 @@ class Node:
         self.updater: Any = None  # edgerun.ota.updater.Updater when ota.enabled
         self.fleet: FleetMember | None = None  # the swarm member when swarm.enabled
         self.last_pose: Pose | None = None  # the camera pose of the latest frame that had one
+        self.pose_source: Any = None  # edgerun.sources.pose_mavlink.MavlinkPoseSource when source.pose is set
         self.source: Source | None = None
         self._source_error = ""  # why the source did not open at start ("" when it did)
         self._starting: Failover | None = None  # the failover being opened by build, until it serves
@@ -253,8 +254,11 @@ class Node:
             self.health.mark_running()
         for sink in self.sinks:
             sink.submit(batch, now)
-        if batch.meta.pose is not None:
-            self.last_pose = batch.meta.pose
+        meta = batch.meta
+        if meta.pose is None and self.pose_source is not None:
+            meta.pose = self.pose_source.latest(meta.t_capture)  # the autopilot's pose at capture time
+        if meta.pose is not None:
+            self.last_pose = meta.pose
         if self.fleet is not None:
             self.fleet.observe(batch)
         for observe in self.observers:
@@ -443,6 +447,8 @@ class Node:
         services = self._services
         try:
             await self._start_sinks()
+            if self.cfg.source.pose.kind == "mavlink":
+                await self._start_pose()
             if self.cfg.swarm.enabled:
                 await self._start_fleet()
             # After the sinks: the failover's first event reports how the engines started.
@@ -522,6 +528,20 @@ class Node:
             setter: Any = getattr(sink, "set_metrics_provider", None)
             if setter is not None:
                 setter(self.summary)
+
+    async def _start_pose(self) -> None:
+        """Live camera pose from the autopilot; a link that will not open leaves the node degraded, not down."""
+        from edgerun.sources.pose_mavlink import MavlinkPoseSource
+
+        pose = MavlinkPoseSource(self.cfg.source.pose)
+        try:
+            await pose.start()
+        except SourceError as err:
+            self.health.set_problem("pose", str(err))
+            log.warning("%s; detections go out without a camera pose", err)
+            return
+        self.pose_source = pose
+        self._services.push_async_callback(pose.stop)
 
     async def _start_fleet(self) -> None:
         """Join the swarm: claims from this node's detections, fleet objects it owns on every sink."""
