@@ -302,6 +302,9 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     until(driver, "the rollout halted", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "halted", rig)
     assert (page(driver, ROLLOUT_JS) or {})["percent"] == 0
     assert "halted by the operator" in page(driver, ROLLOUT_JS)["text"]
+    until(driver, "the halt in the event log",
+          lambda: any("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)), rig, 30)
+    time.sleep(1.0)  # a second delta would bring a duplicate (the station hears its own event on the broker)
     assert sum("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)) == 1
     shot = os.environ.get("EDGERUN_STATION_SCREENSHOT")  # the README's picture: a dead node, a halted canary
     driver.save_screenshot(str(Path(shot) if shot else tmp_path / "station.png"))
