@@ -157,7 +157,8 @@ def _extract_tar(archive: Path, base: Path) -> Path:
             raise ModelError(f"model bundle {archive}: cannot unpack into {base} ({err.strerror or err})") from None
         try:
             _unpack(archive, tmp)
-            shutil.rmtree(dest, ignore_errors=True)  # an incomplete copy left by an older version
+            if dest.exists() and not (_bundle_root(dest) / MANIFEST).is_file():
+                shutil.rmtree(dest, ignore_errors=True)  # an incomplete copy left by an older version
             try:
                 tmp.rename(dest)
             except OSError as err:

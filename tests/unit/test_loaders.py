@@ -200,3 +200,29 @@ def test_a_truncated_tar_is_one_model_error_and_leaves_nothing(tmp_path, blazefa
     with pytest.raises(ModelError, match=r"cut\.tar: (damaged tar archive|no model\.toml|.*is missing)"):
         load_bundle(archive, extract_dir=cache)
     assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_nodes_unpacking_one_tar_at_once_share_one_copy(tmp_path, blazeface_bundle):
+    """Drones of one demo (or a restart racing a probe) load the same tar into the same cache."""
+    import threading
+
+    archive = _tar_of(blazeface_bundle.root, tmp_path / "face.tar")
+    cache = tmp_path / "cache"
+    start = threading.Barrier(4)
+    roots: list[Path] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        start.wait()
+        try:
+            roots.append(load_bundle(archive, extract_dir=cache).root)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(roots) == 4 and len(set(roots)) == 1
+    assert [p.name for p in cache.iterdir()] == [roots[0].parent.name]  # no temporary directory left
