@@ -63,6 +63,9 @@ class DedupConfig:
     # A peer's unreported claim not heard for this long is dropped (its node is gone or cut off): another node
     # may then own the object. Reported claims are kept for window_s, so they still suppress copies.
     peer_silence_s: float = 45.0
+    # A track whose object another node reported gossips its claim when it has seen the object this much longer
+    # than any reported claim says (checked every claim_refresh_s while in sight, and when the track ends).
+    memory_slack_s: float = 30.0
     max_tracks: int = 256
     max_claims_per_node: int = 64
     max_nodes: int = 64
@@ -134,12 +137,13 @@ def encode_claim(claim: Claim) -> bytes:
 
 
 def claim_key(claim: Claim) -> bytes:
-    """The gossip key: one per node and track, so a newer claim replaces the queued older one."""
+    """The gossip key: one per track (the membership scopes keys by sender), so a newer claim replaces the
+    queued older one; 5 bytes, because every member re-gossips it with the claim."""
     return _track_key(claim.node, claim.track)
 
 
 def _track_key(node: str, track: int) -> bytes:
-    return f"claim/{node}/{track}".encode()
+    return b"c" + track.to_bytes(4, "big")
 
 
 def owner_order(claim: Claim) -> tuple[int, str, int]:
@@ -274,6 +278,10 @@ class _Track:
     score: float
     hits: int = 1
     reported: bool = False
+    suppressed: bool = False  # reported by another node: this track stays quiet ...
+    memory_due: bool = False  # ... except to keep the swarm's memory of the report alive (Dedup._keeps_memory)
+    checked_at: float = -math.inf  # when that was last checked
+    end_checked: bool = False
     claim: Claim | None = None  # the last claim gossiped
     sent_at: float = -math.inf
 
@@ -306,6 +314,7 @@ class DedupStats:
     claims_sent: int = 0
     claims_received: int = 0
     tracks_evicted: int = 0  # own tracks dropped at the cap before they expired
+    reminders: int = 0  # reported claims re-sent because a peer claimed the same object unreported
     dropped: dict[str, int] = field(default_factory=dict)  # peer claims and fixes dropped, by reason
 
     def drop(self, reason: str) -> None:
@@ -368,10 +377,7 @@ class Dedup:
             self._update(self._tracks[tid], valid[i], now, wall)
         for i, fix in enumerate(valid):
             if i not in used_fix:
-                used_track.add(self._start(fix, now, wall))
-        # Peers hear of new and moved tracks at once, not at the next tick.
-        touched = (self._tracks[tid] for tid in used_track if tid in self._tracks)
-        self._queue_claims([t for t in touched if t.hits >= cfg.min_hits], now)
+                self._start(fix, now, wall)
 
     def receive(self, payload: bytes, now: float) -> None:
         """A claim gossiped by a peer. Never raises: a bad payload is dropped and counted by reason."""
@@ -415,13 +421,22 @@ class Dedup:
             self.stats.drop("claim_cap")
         if held is None or held.claim != claim:
             self._changed = True
+            if not claim.reported:
+                self._answer(claim, now)
         claims[claim.track] = _Held(claim, now)
+
+    def _answer(self, claim: Claim, now: float) -> None:
+        """A peer claims an object this node remembers as reported: remind it (it may be holding before it reports)."""
+        for t in self._tracks.values():
+            if t.reported and not t.memory_due and now - t.sent_at >= self.cfg.claim_min_interval_s:
+                if same_object(claim, t.to_claim(self.node_id), self.cfg):
+                    t.memory_due = True
+                    self.stats.reminders += 1
 
     def resend_claims(self) -> None:
         """Queue every claim again at once: call on a member join or a healed partition, whom gossip has not told."""
         for t in self._tracks.values():
-            if t.hits >= self.cfg.min_hits:
-                t.sent_at = -math.inf
+            if t.hits >= self.cfg.min_hits and not t.suppressed:
                 t.claim = None
 
     def forget_node(self, node: str) -> None:
@@ -437,10 +452,12 @@ class Dedup:
         self._expire(now)
         cfg = self.cfg
         own = {t.id: t for t in self._tracks.values() if t.hits >= cfg.min_hits}
-        undecided = [t for t in own.values() if not t.reported and now - t.created >= cfg.hold_s]
+        undecided = [t for t in own.values() if not t.reported]
+        # Suppressed tracks still in sight whose object's reported memory may need extending (see _keeps_memory).
+        keepers = [t for t in own.values() if t.suppressed and not t.memory_due and self._memory_check_due(t, now)]
         reports: list[FleetObject] = []
-        waiting = frozenset(t.id for t in undecided)
-        if not undecided or (not self._changed and waiting == self._waiting):
+        state = frozenset((t.id, now - t.created >= cfg.hold_s) for t in undecided)
+        if not keepers and (not undecided or (not self._changed and state == self._waiting)):
             self._queue_claims(own.values(), now)  # nothing new to group: the common case
             return reports
         self._changed = False
@@ -453,9 +470,11 @@ class Dedup:
                 continue
             members = index.group(by_key[(self.node_id, track.id)])
             if any(c.reported for c in members):
-                track.reported = True
+                track.reported = track.suppressed = True
                 self.stats.suppressed += 1
                 continue
+            if now - track.created < cfg.hold_s:
+                continue  # an object nobody reported yet: wait for competing claims
             owner = members[0]
             if owner.node != self.node_id:
                 continue  # a peer's claim comes first: that peer reports
@@ -464,9 +483,35 @@ class Dedup:
             for c in members:
                 if c.node == self.node_id:
                     own[c.track].reported = True
-        self._waiting = frozenset(t.id for t in undecided if not t.reported)
+        for track in keepers:
+            track.memory_due = self._keeps_memory(track, index.group(by_key[(self.node_id, track.id)]))
+            track.checked_at = now
+            track.end_checked = now - track.last_fix > cfg.track_timeout_s
+        self._waiting = frozenset((t.id, now - t.created >= cfg.hold_s) for t in undecided if not t.reported)
         self._queue_claims(own.values(), now)
         return reports
+
+    def _memory_check_due(self, t: _Track, now: float) -> bool:
+        if now - t.last_fix > self.cfg.track_timeout_s:
+            return not t.end_checked  # once more when the track ends: its last sighting is known then
+        return now - max(t.checked_at, t.sent_at) >= self.cfg.claim_refresh_s
+
+    def _keeps_memory(self, track: _Track, members: list[Claim]) -> bool:
+        """Whether this suppressed track must gossip its claim so the swarm remembers the object is reported.
+
+        The memory lasts ``window_s`` past the newest reported claim's last sighting; a track that has seen
+        the object ``memory_slack_s`` longer than any reported claim this node knows of (its own as sent)
+        extends it. Whoever notices first sends; the others then hear a fresh claim and stay quiet.
+        """
+        newest = -math.inf
+        for c in members:
+            if c.node == self.node_id:
+                sent = self._tracks[c.track].claim
+                if sent is not None and sent.reported:
+                    newest = max(newest, sent.last_ms)
+            elif c.reported:
+                newest = max(newest, c.last_ms)
+        return track.last_wall * 1000.0 - newest > self.cfg.memory_slack_s * 1000.0
 
     def outgoing(self) -> list[tuple[bytes, bytes]]:
         """Claims to gossip: (key, payload) pairs for ``Membership.queue_broadcast``."""
@@ -475,7 +520,8 @@ class Dedup:
         return out
 
     def get_timer(self) -> float | None:
-        """The next time ``tick`` has something to do (a hold ending, a claim refresh, an expiry).
+        """The next time ``tick`` has something to do besides the ticks that follow ``observe`` and
+        ``receive``: a hold ending, a claim refresh, an expiry; None when there is no state.
 
         A track waiting for a peer to report its object has no deadline of its own: the peer's
         claim (``receive``) or its expiry moves it on.
@@ -483,7 +529,7 @@ class Dedup:
         cfg = self.cfg
         times = []
         for t in self._tracks.values():
-            if not t.reported and t.hits >= cfg.min_hits and t.created + cfg.hold_s > self._now:
+            if not t.reported and t.hits >= cfg.min_hits:
                 times.append(t.created + cfg.hold_s)
             if t.claim is not None:
                 times.append(t.sent_at + cfg.claim_refresh_s)
@@ -491,7 +537,8 @@ class Dedup:
         silence = min(cfg.window_s, cfg.peer_silence_s)
         for peer in self._peers.values():
             times.extend(h.heard + (cfg.window_s if h.claim.reported else silence) for h in peer.values())
-        return min(times) if times else None
+        future = [t for t in times if t > self._now]
+        return min(future) if future else None
 
     # state
 
@@ -510,7 +557,7 @@ class Dedup:
 
     # internals
 
-    def _start(self, fix: Observation, now: float, wall: float) -> int:
+    def _start(self, fix: Observation, now: float, wall: float) -> None:
         if len(self._tracks) >= self.cfg.max_tracks:
             evicted, _ = self._tracks.popitem(last=False)
             self._outbox.pop(_track_key(self.node_id, evicted), None)
@@ -529,7 +576,6 @@ class Dedup:
         )
         self._next_track = (self._next_track + 1) & 0xFFFFFFFF
         self._tracks[track.id] = track
-        return track.id
 
     def _update(self, t: _Track, fix: Observation, now: float, wall: float) -> None:
         # A static-object Kalman step per axis: the position may wander by track_noise_m2_s.
@@ -546,15 +592,25 @@ class Dedup:
         self._tracks.move_to_end(t.id)
 
     def _queue_claims(self, tracks: Any, now: float) -> None:
+        """Gossip what peers need: undecided tracks (they may come first in the order) and the objects this
+        node reported (so copies are suppressed); a track whose object another node reported stays quiet.
+
+        Called after the decisions of a tick, so a track suppressed at once never costs a byte of gossip.
+        """
         cfg = self.cfg
         for t in tracks:
+            if t.suppressed and not t.memory_due:
+                continue
             claim = t.to_claim(self.node_id)
             sent = t.claim
-            if sent is None or sent.reported != claim.reported:
+            if t.memory_due:
+                due, t.memory_due = True, False
+            elif sent is None or sent.reported != claim.reported:
                 due = True  # new, or its object was just reported: peers must learn it at once
             elif now - t.sent_at >= cfg.claim_refresh_s:
-                due = True
-            elif now - t.sent_at >= cfg.claim_min_interval_s:
+                # Undecided: peers take silence for death. Reported: only while still seen, to extend the memory.
+                due = not t.reported or t.last_fix > t.sent_at
+            elif not t.reported and now - t.sent_at >= cfg.claim_min_interval_s:
                 moved = math.hypot(claim.east_m - sent.east_m, claim.north_m - sent.north_m)
                 due = moved > max(0.5, sent.sigma_m / 2.0) or claim.score_pm >= sent.score_pm + 50
             else:

@@ -192,13 +192,17 @@ def test_hold_time_waits_for_peers_and_the_best_claim_reports() -> None:
         assert all(not r for r in reports.values()) or t >= 0.6
     assert [len(reports[n]) for n in "abc"] == [0, 1, 0]
     assert reports["b"][0].seen_by == ("a", "b", "c")
-    # The others learn it was reported and mark their own claims.
+    # The others learn it was reported from b's claim and go quiet: no more gossip for their copies.
     exchange(*nodes, now=2.0)
     for n in nodes:
         n.tick(2.1, WALL0 + 2.1)
-    exchange(*nodes, now=2.2)
     assert nodes[0].stats.suppressed == 1 and nodes[2].stats.suppressed == 1
-    assert {c.reported for n in nodes for c in n.held_claims()} == {True}
+    assert nodes[0].outgoing() == [] and nodes[2].outgoing() == []
+    for n in nodes:
+        n.observe([face(12.3, 7.0, score=1.0)], 2.5, WALL0 + 2.5)
+        assert n.tick(2.5, WALL0 + 2.5) == []
+    assert nodes[0].outgoing() == [] and nodes[2].outgoing() == []
+    assert {c.reported for n in nodes for c in n.held_claims() if c.node == "b"} == {True}
 
 
 def test_hold_zero_reports_at_once_and_suppresses_later_duplicates() -> None:
@@ -267,6 +271,7 @@ def test_a_dead_owner_hands_over_when_its_claims_are_forgotten() -> None:
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
     b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
+    assert a.tick(0.0, WALL0) == [] and b.tick(0.0, WALL0) == []  # holding; their claims go out
     exchange(a, b, now=0.1)
     assert b.tick(1.0, WALL0 + 1.0) == []  # a comes first in the order
     b.forget_node("a")  # a died before reporting (the membership's dead event)
@@ -278,6 +283,8 @@ def test_a_silent_owner_hands_over_after_peer_silence() -> None:
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
     b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
+    a.tick(0.0, WALL0)
+    b.tick(0.0, WALL0)
     exchange(a, b, now=0.0)
     reported = []
     for step in range(1, 200):  # a falls silent; b keeps seeing the object now and then
@@ -311,7 +318,7 @@ def test_claims_are_regossiped_only_when_due() -> None:
         sent += a.outgoing()
     # New, then reported (same key, replaced while queued: one payload), then refreshes at 15 s and 30 s.
     assert len(sent) == 3
-    assert {key for key, _ in sent} == {b"claim/a/0"}
+    assert {key for key, _ in sent} == {b"c\x00\x00\x00\x00"}
 
 
 def test_memory_is_bounded_under_a_flood() -> None:
@@ -339,6 +346,7 @@ def test_timer_names_the_hold_deadline_and_never_the_past_while_waiting_for_a_pe
     b.tick(0.0, WALL0)
     assert b.get_timer() == 2.0  # the hold ends
     a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
+    a.tick(0.0, WALL0)
     exchange(a, b, now=0.0)
     assert b.tick(2.0, WALL0 + 2.0) == []  # a comes first: b waits for a's report
     timer = b.get_timer()
@@ -351,3 +359,58 @@ def test_fixes_that_are_not_numbers_are_dropped() -> None:
     nan = float("nan")
     node.observe([face(nan, 1.0), Observation("face", 1.0, 1.0, 0.5, nan), Observation("", 1.0, 1.0, 0.5, 0.5)], 0, 0)
     assert node.tracks == 0 and node.stats.dropped == {"fix_not_finite": 2, "fix_invalid": 1}
+
+
+def test_hold_ends_without_new_input() -> None:
+    node = Dedup("a", DedupConfig(hold_s=1.0), now=0.0)
+    node.observe([face(1.0, 1.0)], 0.0, WALL0)
+    assert node.tick(0.0, WALL0) == [] and node.tick(0.5, WALL0 + 0.5) == []
+    assert node.get_timer() == 1.0
+    assert len(node.tick(1.0, WALL0 + 1.0)) == 1  # no fix or claim arrived since: the hold alone decides
+
+
+def test_memory_of_a_report_outlives_its_owner_while_others_still_see_the_object() -> None:
+    cfg = DedupConfig(window_s=60.0, memory_slack_s=30.0, claim_refresh_s=15.0, hold_s=0.0)
+    owner, keeper, late = (Dedup(n, cfg, now=0.0) for n in ("a", "b", "c"))
+    owner.observe([face(5.0, 5.0)], 0.0, WALL0)
+    assert len(owner.tick(0.0, WALL0)) == 1
+    owner_claims = owner.outgoing()
+    for _, payload in owner_claims:
+        keeper.receive(payload, 0.0)
+        late.receive(payload, 0.0)
+    # b sees the object from t=10 to t=50, long after a flew away: suppressed and quiet until its check at
+    # t=41 finds it has seen the object more than memory_slack_s past a's claim; then it gossips its claim once.
+    sent: list[tuple[float, bytes]] = []
+    for step in range(10, 51):
+        t = float(step)
+        keeper.observe([face(5.2, 5.0)], t, WALL0 + t)
+        assert keeper.tick(t, WALL0 + t) == []
+        sent += [(t, payload) for _, payload in keeper.outgoing()]
+    keeper.tick(54.0, WALL0 + 54.0)  # its track ends 10 s after its own claim: nothing more to say
+    assert keeper.outgoing() == []
+    assert keeper.stats.suppressed == 1 and [t for t, _ in sent] == [41.0]
+    late.receive(sent[0][1], 54.0)
+    # c arrives 95 s after a's only sighting but 54 s after b's claim: the same object, already reported.
+    late.observe([face(4.8, 5.1)], 95.0, WALL0 + 95.0)
+    assert late.tick(95.0, WALL0 + 95.0) == [] and late.stats.suppressed == 1
+    # Without b's claim it would have been reported again.
+    fresh = Dedup("d", cfg, now=0.0)
+    for _, payload in owner_claims:
+        fresh.receive(payload, 0.0)
+    fresh.observe([face(4.8, 5.1)], 95.0, WALL0 + 95.0)
+    assert len(fresh.tick(95.0, WALL0 + 95.0)) == 1
+
+
+def test_a_holding_newcomer_is_reminded_of_a_report() -> None:
+    cfg = DedupConfig(window_s=60.0, hold_s=1.5, peer_silence_s=45.0)
+    old, new = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    old.observe([face(5.0, 5.0)], 0.0, WALL0)
+    assert old.tick(0.0, WALL0) == [] and len(old.tick(1.5, WALL0 + 1.5)) == 1
+    old.outgoing()  # that gossip never reached b (b joined later)
+    new.observe([face(5.3, 5.0)], 30.0, WALL0 + 30.0)
+    assert new.tick(30.0, WALL0 + 30.0) == []  # holding; its claim goes out
+    exchange(old, new, now=30.2)
+    assert old.stats.reminders == 1
+    old.tick(30.3, WALL0 + 30.3)
+    exchange(old, new, now=30.5)  # a's reported claim comes back
+    assert new.tick(31.5, WALL0 + 31.5) == [] and new.stats.suppressed == 1
