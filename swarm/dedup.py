@@ -15,11 +15,19 @@ claim replaces a queued older one) and publishes what ``tick`` returns.
   arrived in.
 * The object's owner is the first of its claims in one total order (best score,
   then node id, then track id). Only the owner reports it, once; a node whose
-  track belongs to an object some claim says was reported marks its own claim
-  reported and stays quiet. After a partition heals, claims from both sides meet,
-  carry ``reported``, and nobody reports the object again.
+  track belongs to an object some claim says was reported stays quiet. After a
+  partition heals, claims from both sides meet, carry ``reported``, and nobody
+  reports the object again.
 * ``hold_s`` delays a track's decision that long after its first fix so peers'
-  claims can arrive; 0 reports at once and suppresses later copies.
+  claims can arrive; 0 reports at once and suppresses later copies (two drones
+  that find an object within a gossip round trip then both report it).
+* Gossip costs every member a retransmission of every claim, so only what peers
+  need goes out: undecided tracks (they may come first in the order), the
+  objects this node reported (again while it still sees them), and, from a quiet
+  track, its reported claim when it has seen the object ``memory_slack_s`` past
+  what any reported claim says (the swarm's memory of the report then lasts while
+  anyone sees the object) or when a holding peer claims an object this node
+  remembers as reported (a reminder, answered before the peer's hold ends).
 
 Everything expires ``window_s`` after it was last seen or heard, and every table
 has a cap, so memory is bounded under any input. A peer's unreported claim that
