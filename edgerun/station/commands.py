@@ -44,12 +44,15 @@ def _password(args: argparse.Namespace) -> bytes | None:
 def load_signing_key(path: str | None, args: argparse.Namespace) -> Any:
     if not path:
         return None
+    from edgerun.ota.errors import OtaError
     from edgerun.ota.minisign import SecretKey
 
     try:
         return SecretKey.load(path, _password(args))
     except OSError as err:
         raise ConfigError(f"--signing-key {path}: {err.strerror or err}") from None
+    except OtaError as err:
+        raise ConfigError(f"--signing-key: {err}") from None
 
 
 def load_truth(spec: str | None) -> list[dict[str, Any]]:

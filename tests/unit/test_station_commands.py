@@ -1,0 +1,49 @@
+"""``edgerun station`` and ``edgerun fleet``: bad options are one line and exit 2, before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgerun.cli import main
+from edgerun.station.commands import load_truth, parse_hostport, prepare_ground
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["station", "--mqtt", "127.0.0.1:99999"], "--mqtt: expected HOST:PORT, got '127.0.0.1:99999'"),
+        (["station", "--mqtt", "127.0.0.1:1883", "--bind", "x:y"], "--bind: expected HOST:PORT, got 'x:y'"),
+        (["station", "--mqtt", "h:1", "--node-http", "drone-1"], "--node-http: expected NODE=HOST:PORT"),
+        (["station", "--mqtt", "h:1", "--ground", "/nonexistent.png"], "--ground /nonexistent.png: no such file"),
+        (["station", "--mqtt", "h:1", "--ground-extent", "0,0,-1,5"], "--ground-extent: expected WEST,SOUTH,EAST,N"),
+        (["station", "--mqtt", "h:1", "--signing-key", "/nonexistent.key"], "--signing-key: /nonexistent.key"),
+        (["fleet", "promote", "--percent", "0", "--signing-key", "k"], "--percent: expected within (0, 100], got 0"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgerun: error: ") and message in err and err.count("\n") == 1
+
+
+def test_truth_file_is_checked_item_by_item(tmp_path):
+    good = tmp_path / "truth.json"
+    good.write_text(json.dumps({"objects": [{"label": "face", "box_m": [1, 2, 3, 4]}]}))
+    assert load_truth(str(good)) == [{"label": "face", "box_m": [1.0, 2.0, 3.0, 4.0]}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"label": "face", "box_m": [1, 2, 3]}]))
+    with pytest.raises(Exception, match=r"objects\[0\]: expected"):
+        load_truth(str(bad))
+    scene = load_truth("replay:1")
+    assert scene and all(0 <= t["box_m"][0] < t["box_m"][2] <= 40 for t in scene)
+
+
+def test_hostport_and_ground_defaults(tmp_path):
+    assert parse_hostport("broker", "--mqtt", 1883) == ("broker", 1883)
+    assert parse_hostport("[::1]:8080", "--bind", 80) == ("::1", 8080)
+    image = tmp_path / "g.png"
+    image.write_bytes(b"\x89PNG")
+    assert prepare_ground(str(image), "-10,-10,30,30", tmp_path) == (image, (-10.0, -10.0, 30.0, 30.0))
+    assert prepare_ground(None, None, tmp_path) == (None, (0.0, 0.0, 40.0, 40.0))
