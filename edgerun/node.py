@@ -114,7 +114,9 @@ def open_failover(
             threads, replicas = cpu_engine_layout(cfg, fallback=behind_accelerator)
             options = EngineOptions(num_threads=threads, replicas=replicas)
         else:
-            options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device)
+            # state_dir: where ONNX Runtime's TensorRT provider caches the engines it builds
+            extra = {"state_dir": cfg.engine.state_dir}
+            options = EngineOptions(num_threads=cfg.engine.num_threads, device=cfg.engine.device, extra=extra)
         engine = engine_class(key)(path, options)
         try:
             return build_runtime(bundle, engine, frame_size, cfg.model.score_threshold)

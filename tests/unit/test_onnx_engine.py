@@ -159,3 +159,18 @@ def test_the_tensorrt_engine_cache_lives_under_the_state_directory(tmp_path, mon
     assert trt_cache_dir(EngineOptions()) == tmp_path / "systemd-state" / "onnx-trt-cache"
     (tmp_path / "file").write_text("")
     assert trt_cache_dir(EngineOptions(extra={"state_dir": str(tmp_path / "file")})) is None  # not a directory
+
+
+def test_the_node_hands_its_state_directory_to_accelerator_engines(onnx_bundle, tmp_path):
+    from edgerun.config import parse_config
+    from edgerun.node import open_failover
+
+    state = tmp_path / "state"
+    cfg = parse_config({"engine": {"order": ["onnx"], "state_dir": str(state)}})
+    failover = open_failover(cfg, onnx_bundle, (640, 480))
+    try:
+        runtime = failover.start()
+        assert runtime.engine.KEY == "onnx"
+        assert runtime.engine.options.extra["state_dir"] == str(state)  # the TensorRT cache goes under it
+    finally:
+        failover.close()
