@@ -156,6 +156,7 @@ class DdsSinkConfig(Section):
     interface: str = "lo"
     native: bool = True  # edgerun::DetectionBatch on ``topic``
     topic: str = "edgerun/detections"
+    objects_topic: str = "edgerun/objects"  # fleet objects this node owns (edgerun::FleetObject), with native
     ros2: bool = False  # also vision_msgs/msg/Detection2DArray on rt/<ros2_namespace>/detections
     ros2_namespace: str = ""  # empty: the node id (characters outside [A-Za-z0-9_] become "_")
     frame_id: str = "camera"

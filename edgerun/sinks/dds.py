@@ -20,6 +20,7 @@ loopback interface with multicast off and 127.0.0.1 as the only peer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import re
@@ -35,6 +36,8 @@ from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
 
+# Fleet objects waiting for the writer thread; more than this and the oldest is dropped (and counted).
+OBJECTS_QUEUE = 256
 LOOPBACK_INTERFACES = frozenset({"lo", "lo0", "127.0.0.1", "localhost"})
 
 
@@ -209,6 +212,26 @@ def native_to_payload(sample: Any) -> dict[str, Any]:
     }
 
 
+def payload_to_object(payload: dict[str, Any]) -> Any:
+    """An ``edgerun.object/1`` payload as a native ``edgerun::FleetObject`` sample."""
+    from edgerun.sinks.idl import native
+
+    return native.FleetObject(
+        id=str(payload["id"]),
+        schema=str(payload["schema"]),
+        label=str(payload["label"]),
+        east_m=float(payload["east_m"]),
+        north_m=float(payload["north_m"]),
+        uncertainty_m=float(payload["uncertainty_m"]),
+        first_seen=float(payload["first_seen"]),
+        last_seen=float(payload["last_seen"]),
+        score=float(payload["score"]),
+        owner=str(payload["owner"]),
+        seen_by=[str(n) for n in payload["seen_by"]],
+        ts=float(payload["ts"]),
+    )
+
+
 def stamp_of(ts: float) -> tuple[int, int]:
     """Unix seconds as ROS ``builtin_interfaces/Time`` (sec, nanosec)."""
     sec = math.floor(ts)
@@ -270,6 +293,11 @@ class DdsSink(Sink):
         self._participant: Any = None
         self._native_writer: Any = None
         self._ros2_writer: Any = None
+        self._objects_writer: Any = None
+        # Fleet objects this node owns: few, and each one matters, so they queue apart from the batches.
+        self._objects: collections.deque[dict[str, Any]] = collections.deque()
+        self.objects_sent = 0
+        self.objects_dropped = 0
         self._retry_task: asyncio.Task[None] | None = None
         self._error_logged = False
 
@@ -326,6 +354,10 @@ class DdsSink(Sink):
             qos = writer_qos(cfg.reliable, cfg.depth, cfg.max_blocking_ms)
             native_topic = Topic(participant, cfg.topic, native.DetectionBatch, qos=qos)
             self._native_writer = DataWriter(participant, native_topic, qos=qos)
+            # Reliable and kept per object id: a found person must reach a DDS ground station too.
+            objects_qos = writer_qos(True, 1, cfg.max_blocking_ms)
+            objects_topic = Topic(participant, cfg.objects_topic, native.FleetObject, qos=objects_qos)
+            self._objects_writer = DataWriter(participant, objects_topic, qos=objects_qos)
         if cfg.ros2:
             ros_qos = writer_qos(cfg.reliable, cfg.depth, cfg.max_blocking_ms, xcdr1=True)
             ros_topic = Topic(participant, self.ros2_topic, ros2.Detection2DArray, qos=ros_qos)
@@ -350,19 +382,34 @@ class DdsSink(Sink):
             self._outbox.put((batch, t_submit))  # full: drops the oldest and counts it
             self._lock.notify()
 
+    def publish_object(self, payload: dict[str, Any]) -> None:
+        """A fleet object on ``objects_topic`` (native edgerun::FleetObject), written by the writer thread."""
+        with self._lock:
+            self._objects.append(payload)
+            while len(self._objects) > OBJECTS_QUEUE:
+                self._objects.popleft()
+                self.objects_dropped += 1
+            self._lock.notify()
+
     def _write_loop(self) -> None:
-        """The writer thread: takes batches off the outbox and writes them until the sink closes."""
+        """The writer thread: takes objects and batches off their queues and writes them until the sink closes."""
         lock = self._lock
         while True:
             with lock:
-                while not len(self._outbox) and not self._closing:
+                while not len(self._outbox) and not self._objects and not self._closing:
                     lock.wait()
-                if not len(self._outbox):
+                if self._objects:
+                    item: Any = self._objects.popleft()
+                elif len(self._outbox):
+                    item = self._outbox.pop()
+                else:
                     return  # closing and nothing left
-                batch, t_submit = self._outbox.pop()
                 self._writing = True
             try:
-                self._write(batch, t_submit)
+                if isinstance(item, dict):
+                    self._write_object(item)
+                else:
+                    self._write(*item)
             finally:
                 with lock:
                     self._writing = False
@@ -397,6 +444,21 @@ class DdsSink(Sink):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("dds: wrote batch seq %d", batch.meta.seq)
 
+    def _write_object(self, payload: dict[str, Any]) -> None:
+        from cyclonedds.core import DDSException
+
+        if self._objects_writer is None:
+            return
+        try:
+            self._objects_writer.write(payload_to_object(payload))
+        except (DDSException, TypeError, ValueError, KeyError) as err:
+            with self._lock:
+                self.objects_dropped += 1
+            log.warning("dds: fleet object %s not written: %s", payload.get("id"), err)
+            return
+        with self._lock:
+            self.objects_sent += 1
+
     def set_metrics_provider(self, provider: Any) -> None:
         """Accepted for the same API as the MQTT sink; DDS carries detections only (metrics go to MQTT/HTTP)."""
 
@@ -410,6 +472,8 @@ class DdsSink(Sink):
             "write_timeouts": self.write_timeouts,
             "errors": s.errors,
             "queued": len(self._outbox),
+            "objects_sent": self.objects_sent,
+            "objects_dropped": self.objects_dropped,
         }
 
     def _drained(self, timeout: float) -> bool:
@@ -445,6 +509,7 @@ class DdsSink(Sink):
         # Cyclone entities live as long as their Python objects: dropping the references deletes them.
         self._native_writer = None
         self._ros2_writer = None
+        self._objects_writer = None
         self._participant = None
         if self._domain is not None:
             self._domain = None

@@ -118,13 +118,14 @@ def test_idl_matches_the_python_types() -> None:
     from edgerun.sinks.idl import native
 
     structs = idl_structs(IDL)
-    assert set(structs) == {"Keypoint", "Detection", "Pose", "FrameInfo", "ModelInfo", "DetectionBatch"}
+    assert set(structs) == {"Keypoint", "Detection", "Pose", "FrameInfo", "ModelInfo", "DetectionBatch", "FleetObject"}
     for name, members in structs.items():
         cls = getattr(native, name)
         assert cls.__idl_typename__ == f"edgerun::{name}"
         fields = [f.name for f in dataclasses.fields(cls)]
         assert [m.removeprefix("@key ") for m in members] == fields, name
     assert structs["DetectionBatch"][0] == "@key node"
+    assert structs["FleetObject"][0] == "@key id"
     native.DetectionBatch.__idl__.populate()
     assert native.DetectionBatch.__idl__.keyless is False
 

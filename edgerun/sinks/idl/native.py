@@ -14,6 +14,7 @@ from cyclonedds.idl.annotations import key
 from cyclonedds.idl.types import array, float64, int32, sequence, uint32, uint64
 
 TOPIC = "edgerun/detections"
+OBJECTS_TOPIC = "edgerun/objects"
 
 
 @dataclass
@@ -68,3 +69,20 @@ class DetectionBatch(IdlStruct, typename="edgerun::DetectionBatch"):
     latency_ms: float64 = 0.0
     pose: sequence[Pose, 1] = field(default_factory=list)
     detections: sequence[Detection] = field(default_factory=list)
+
+
+@dataclass
+class FleetObject(IdlStruct, typename="edgerun::FleetObject"):
+    id: str = ""
+    key("id")
+    schema: str = ""
+    label: str = ""
+    east_m: float64 = 0.0
+    north_m: float64 = 0.0
+    uncertainty_m: float64 = 0.0
+    first_seen: float64 = 0.0
+    last_seen: float64 = 0.0
+    score: float64 = 0.0
+    owner: str = ""
+    seen_by: sequence[str] = field(default_factory=list)
+    ts: float64 = 0.0
