@@ -10,6 +10,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,17 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
             raise ConfigError(f"--keys {keys_dir}: no {name} (make it with `edgerun ota keys` and `edgerun ota sign`)")
     bundle = load_bundle(args.release)
     base = load_bundle(args.base) if args.base else None
+    if args.fleet_seconds > 0:
+        # The delta only helps the nodes that run its base: say what the fleet runs before shipping one.
+        fleet, _ = fleet_view(host, port, args.fleet_seconds)
+        running = Counter(n.model_version for n in fleet.nodes.values() if n.model == bundle.name)
+        if running:
+            print(f"the fleet runs {bundle.name} " + ", ".join(f"v{v} on {k} node(s)" for v, k in running.items()))
+            if base is not None and base.version not in running:
+                print(f"  warning: --base is v{base.version}, which no node runs: they will take the full payload")
+            elif base is None:
+                common = running.most_common(1)[0][0]
+                print(f"  note: no --base: every node downloads the full payload (a delta needs the v{common} bundle)")
     salt = args.salt if args.salt is not None else default_salt(bundle.name, bundle.version)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="edgerun-release-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -363,6 +375,7 @@ def add_station_parsers(sub: Any) -> None:
     p.add_argument("--salt", default=None, help="cohort salt (default: <model>-v<version>)")
     p.add_argument("--out", default=None, help="keep the release directory here")
     p.add_argument("--expires-days", type=float, default=30.0)
+    p.add_argument("--fleet-seconds", type=float, default=3.0, help="listen this long for what the fleet runs")
     p.set_defaults(func=cmd_fleet_publish)
     p = fsub.add_parser("promote", help="widen the rollout (nodes already in stay in)")
     common(p, True)

@@ -292,6 +292,7 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     )
     assert publish.returncode == 0, publish.stderr
     assert "published blazeface_short v2 to 50% of the fleet" in publish.stdout
+    assert "the fleet runs blazeface_short v1 on 2 node(s)" in publish.stdout  # drone-3 is dead
     until(driver, "the canary on the page", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "canary", rig)
     until(driver, "drone-1 on v2", lambda: rows(driver)["drone-1"]["model"] == "blazeface_short v2", rig, 120)
     until(driver, "drone-2 outside the cohort",
