@@ -164,6 +164,7 @@ def test_fleet_payload_matches_schema() -> None:
     assert len(objects) == 1
     obj = objects[0]
     payload = obj.to_payload()
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
     jsonschema.validate(payload, SCHEMA)
     assert payload["owner"] == "drone-b" and payload["seen_by"] == ["drone-a", "drone-b"]
     assert payload["east_m"] == 5.5 and payload["score"] == 0.9 and payload["first_seen"] == WALL0
