@@ -202,72 +202,108 @@ class DroneTally:
     latencies: list[float] = field(default_factory=list)
 
 
+class FleetScore:
+    """Scores the drones' published rows as they come: per-drone recall, fleet objects against ground truth.
+
+    Fed row by row (the live status line) or with whole files (the summary); both give the same figures.
+    """
+
+    def __init__(self, drones: list[Drone], radius_m: float) -> None:
+        self.radius_m = radius_m
+        self.sources: dict[str, ReplaySource] = {}
+        for drone in drones:
+            source = ReplaySource(drone.replay)
+            source.open()
+            self.sources[drone.node_id] = source
+        self.scene = next(iter(self.sources.values())).scene
+        self.truth_points = _truth_ground_points(self.scene)
+        self.tallies = {d.node_id: DroneTally() for d in drones}
+        self.seen_truth: set[int] = set()  # scene objects some drone had in view (>= MIN_TRUTH_HEIGHT_PX)
+        # Each fleet report is one object id published by one owner; later messages of an id are updates.
+        self.reports: dict[str, dict[str, Any]] = {}
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            source.close()
+
+    def add(self, drone: str, row: dict[str, Any]) -> None:
+        tally = self.tallies[drone]
+        schema = row.get("schema")
+        if schema == OBJECT_SCHEMA:
+            tally.objects += 1
+            self.reports.setdefault(str(row.get("id")), row)
+            return
+        if schema != DETECTION_SCHEMA:
+            return
+        tally.frames += 1
+        dets = [d for d in row["detections"] if d["label"] == TRUTH_LABEL]
+        tally.detections += len(dets)
+        if row.get("latency_ms") is not None:
+            tally.latencies.append(row["latency_ms"])
+        source, frame = self.sources[drone], row["frame"]
+        ids, boxes = source.visible(source.pose_at(int(row["seq"])), int(frame["width"]), int(frame["height"]))
+        tall = (boxes[:, 3] - boxes[:, 1]) >= MIN_TRUTH_HEIGHT_PX
+        keep = np.array([self.scene.labels[i] == TRUTH_LABEL for i in ids.tolist()], bool) & tall
+        self.seen_truth.update(ids[keep].tolist())
+        tally.truths += int(keep.sum())
+        tally.frame_scores[int(row["seq"])] = (len(dets), int(keep.sum()))
+        if keep.any() and dets:
+            det_boxes = np.asarray([d["box"] for d in dets], np.float32)
+            tally.matched += _greedy_matches(iou_matrix(boxes[keep], det_boxes))
+
+    def fleet(self) -> dict[str, Any]:
+        per_truth = reports_per_truth(self.reports, self.truth_points, self.radius_m)
+        found = [i for i in self.seen_truth if i in per_truth]
+        seen = len(self.seen_truth)
+        return {
+            "fleet_objects": len(self.reports),
+            "duplicate_reports": sum(n - 1 for n in per_truth.values()),
+            "objects_seen": seen,
+            "objects_found": len(found),
+            "object_recall": round(len(found) / seen, 4) if seen else None,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        tallies = self.tallies
+        per_drone = {
+            name: {
+                "frames": t.frames,
+                "detections": t.detections,
+                "recall": round(t.matched / t.truths, 4) if t.truths else None,
+                "fleet_objects": t.objects,
+                "latency_p50_ms": round(float(np.percentile(t.latencies, 50)), 3) if t.latencies else None,
+            }
+            for name, t in tallies.items()
+        }
+        return {
+            "drones": len(tallies),
+            "per_drone": per_drone,
+            "frames": sum(t.frames for t in tallies.values()),
+            "detections": sum(t.detections for t in tallies.values()),
+            **self.fleet(),
+            "snapshot_seq": snapshot_seq(tallies),
+        }
+
+    def status_line(self) -> str:
+        fleet = self.fleet()
+        per = "  ".join(f"{name} {t.detections}" for name, t in self.tallies.items())
+        recall = fleet["object_recall"]
+        return (
+            f"detections: {per}  | fleet objects {fleet['fleet_objects']}  duplicates {fleet['duplicate_reports']}"
+            f"  object recall {'n/a' if recall is None else f'{recall:.2f}'}"
+        )
+
+
 def score_swarm(drones: list[Drone], radius_m: float) -> dict[str, Any]:
     """Per-drone and fleet figures from what the drones wrote."""
-    tallies: dict[str, DroneTally] = {}
-    seen_truth: set[int] = set()  # scene object indices some drone had in view (>= MIN_TRUTH_HEIGHT_PX)
-    objects: list[dict[str, Any]] = []
-    scene = None
-    for drone in drones:
-        source = ReplaySource(drone.replay)
-        source.open()
-        scene = source.scene
-        tally = tallies.setdefault(drone.node_id, DroneTally())
-        for row in read_jsonl(drone.detections_path):
-            schema = row.get("schema")
-            if schema == OBJECT_SCHEMA:
-                tally.objects += 1
-                objects.append(row)
-                continue
-            if schema != DETECTION_SCHEMA:
-                continue
-            tally.frames += 1
-            dets = [d for d in row["detections"] if d["label"] == TRUTH_LABEL]
-            tally.detections += len(dets)
-            if row.get("latency_ms") is not None:
-                tally.latencies.append(row["latency_ms"])
-            frame = row["frame"]
-            ids, boxes = source.visible(source.pose_at(int(row["seq"])), int(frame["width"]), int(frame["height"]))
-            tall = (boxes[:, 3] - boxes[:, 1]) >= MIN_TRUTH_HEIGHT_PX
-            keep = np.array([scene.labels[i] == TRUTH_LABEL for i in ids.tolist()], bool) & tall
-            seen_truth.update(ids[keep].tolist())
-            tally.truths += int(keep.sum())
-            tally.frame_scores[int(row["seq"])] = (len(dets), int(keep.sum()))
-            if keep.any() and dets:
-                det_boxes = np.asarray([d["box"] for d in dets], np.float32)
-                tally.matched += _greedy_matches(iou_matrix(boxes[keep], det_boxes))
-        source.close()
-    assert scene is not None
-    truth_points = _truth_ground_points(scene)
-    # Each fleet report is one object id published by one owner; several messages of one id are updates.
-    reports: dict[str, dict[str, Any]] = {}
-    for obj in objects:
-        reports.setdefault(str(obj.get("id")), obj)
-    reported_per_truth = reports_per_truth(reports, truth_points, radius_m)
-    found = sorted(i for i in seen_truth if i in reported_per_truth)
-    duplicates = sum(n - 1 for n in reported_per_truth.values())
-    per_drone = {
-        name: {
-            "frames": t.frames,
-            "detections": t.detections,
-            "recall": round(t.matched / t.truths, 4) if t.truths else None,
-            "fleet_objects": t.objects,
-            "latency_p50_ms": round(float(np.percentile(t.latencies, 50)), 3) if t.latencies else None,
-        }
-        for name, t in tallies.items()
-    }
-    return {
-        "drones": len(drones),
-        "per_drone": per_drone,
-        "frames": sum(t.frames for t in tallies.values()),
-        "detections": sum(t.detections for t in tallies.values()),
-        "fleet_objects": len(reports),
-        "duplicate_reports": duplicates,
-        "objects_seen": len(seen_truth),
-        "objects_found": len(found),
-        "object_recall": round(len(found) / len(seen_truth), 4) if seen_truth else None,
-        "snapshot_seq": snapshot_seq(tallies),
-    }
+    score = FleetScore(drones, radius_m)
+    try:
+        for drone in drones:
+            for row in read_jsonl(drone.detections_path):
+                score.add(drone.node_id, row)
+        return score.summary()
+    finally:
+        score.close()
 
 
 def _greedy_matches(ious: np.ndarray) -> int:
@@ -371,26 +407,24 @@ def reports_per_truth(
     return per_truth
 
 
-def watch_drones(drones: list[Drone], truth_points: np.ndarray, radius_m: float, live: bool) -> None:
-    """Until every drone exits: a status line with per-drone detections, fleet objects and duplicates."""
+def watch_drones(drones: list[Drone], radius_m: float, live: bool) -> None:
+    """Until every drone exits: a status line with per-drone detections, fleet objects, duplicates, recall."""
     tails = {d.node_id: JsonlTail(d.detections_path) for d in drones}
-    detections = {d.node_id: 0 for d in drones}
-    objects: dict[str, dict[str, Any]] = {}
-    while any(d.proc is not None and d.proc.poll() is None for d in drones):
-        time.sleep(0.5)
-        for name, tail in tails.items():
-            for row in tail.new_rows():
-                if row.get("schema") == OBJECT_SCHEMA:
-                    objects.setdefault(str(row.get("id")), row)
-                elif row.get("schema") == DETECTION_SCHEMA:
-                    detections[name] += len(row.get("detections", ()))
-        if live:
-            dups = sum(n - 1 for n in reports_per_truth(objects, truth_points, radius_m).values())
-            per = "  ".join(f"{name} {n}" for name, n in detections.items())
-            sys.stderr.write(f"\rdetections: {per}  | fleet objects {len(objects)}  duplicates {dups}   ")
+    score = FleetScore(drones, radius_m) if live else None
+    try:
+        while any(d.proc is not None and d.proc.poll() is None for d in drones):
+            time.sleep(0.5)
+            if score is None:
+                continue
+            for name, tail in tails.items():
+                for row in tail.new_rows():
+                    score.add(name, row)
+            sys.stderr.write(f"\r{score.status_line()}   ")
             sys.stderr.flush()
-    if live:
-        sys.stderr.write("\n")
+    finally:
+        if score is not None:
+            score.close()
+            sys.stderr.write("\n")
 
 
 def run_swarm_demo(
@@ -414,14 +448,10 @@ def run_swarm_demo(
         port = int(mqtt.rpartition(":")[2]) if mqtt and mqtt.startswith("127.0.0.1:") else None
         listeners = LocalListeners(out_dir, port, dds)
         time.sleep(1.0)  # let the subscribers connect and match before the first frame
-    source = ReplaySource(crew[0].replay)
-    source.open()
-    truth_points = _truth_ground_points(source.scene)
-    source.close()
     t0 = time.monotonic()
     try:
         start_drones(crew, seconds)
-        watch_drones(crew, truth_points, radius_m, live)
+        watch_drones(crew, radius_m, live)
     finally:
         codes = stop_drones(crew)
         received = listeners.stop() if listeners is not None else None
