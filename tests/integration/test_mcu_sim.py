@@ -318,3 +318,14 @@ def test_relay_cut_off_mid_way_resumes_where_the_mcu_is(sim_binary: Path, tmp_pa
     assert result.ok
     assert result.resumed_from >= 9 * 236  # at least the chunks the MCU acknowledged before the cut
     assert result.chunks_sent == -(-(len(image) - result.resumed_from) // 236)
+
+
+def test_link_bench_short_form_accounts_for_every_detection(sim_binary: Path, tmp_path: Path) -> None:
+    """The benchmark's building block in a short form: with every 10th frame damaged, nothing goes uncounted."""
+    from edgerun.mcu.bench import run_rate
+
+    damaged = asyncio.run(run_rate(sim_binary, 200.0, 1.0, 921600, tmp_path, corrupt_every=10))
+    assert damaged["mcu_sent"] == 200 and damaged["mcu_accounted"] and damaged["sink_accounted"]
+    assert damaged["host_dropped_frames"]["bad_crc"] >= 19
+    assert damaged["host_received"] < 200 and damaged["unaccounted"] == 0
+    assert damaged["host_received"] + damaged["host_lost_frames_seq_gaps"] >= 200

@@ -5,7 +5,7 @@
  * signed model updates.
  *
  *   edgelink-sim --storage FILE [--key PUBKEY.pub]... [--pty] [--rate N] [--count N] [--baud N]
- *                [--device-id N] [--slot-size N] [--heartbeat-ms N] [--power-cut-after N]
+ *                [--device-id N] [--slot-size N] [--heartbeat-ms N] [--power-cut-after N] [--corrupt-every N]
  *   edgelink-sim --vectors      print C-encoded frames as JSON (firmware_mcu/tests/vectors/c_frames.json)
  */
 #include <errno.h>
@@ -39,6 +39,7 @@ typedef struct {
     uint16_t seq;
     double tokens, bytes_per_s;
     int host_ready; /* the host said HELLO: stream detections from now on */
+    unsigned long corrupt_every, frames_out; /* fault injection: damage every Nth frame on the wire */
     double last_refill;
     uint32_t device_id;
     el_heartbeat hb;
@@ -88,6 +89,9 @@ static int send_message(sim *s, el_message *m, size_t reserve)
         return -1;
     }
     s->seq++;
+    if (s->corrupt_every > 0 && ++s->frames_out % s->corrupt_every == 0) {
+        out[n / 2] ^= out[n / 2] == 0x01 ? 0x02 : 0x01; /* never turns a byte into the delimiter */
+    }
     return ring_push(s, out, n);
 }
 
@@ -452,6 +456,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: edgelink-sim --storage FILE [--key PUB]... [--pty] [--rate N] [--count N] [--baud N]\n"
                     "                    [--device-id N] [--slot-size N] [--heartbeat-ms N] [--power-cut-after N]\n"
+                    "                    [--corrupt-every N]\n"
                     "       edgelink-sim --vectors\n");
 }
 
@@ -516,6 +521,8 @@ int main(int argc, char **argv)
             slot_size = strtoul(v, NULL, 0);
         } else if (strcmp(a, "--heartbeat-ms") == 0) {
             hb_ms = strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--corrupt-every") == 0) {
+            s.corrupt_every = strtoul(v, NULL, 10);
         } else if (strcmp(a, "--power-cut-after") == 0) {
             cut_after = strtol(v, NULL, 10);
         } else {
