@@ -273,6 +273,9 @@ def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
 
 
 def _listen_dds(args: argparse.Namespace, printer: Printer) -> None:
+    from edgerun.sinks.dds import require_cyclonedds
+
+    require_cyclonedds("listen --dds", "listen with --mqtt")  # the [dds] extra: one line, not an ImportError
     from cyclonedds.builtin import BuiltinDataReader, BuiltinTopicDcpsPublication
     from cyclonedds.core import DDSException
     from cyclonedds.domain import DomainParticipant

@@ -41,15 +41,14 @@ OBJECTS_QUEUE = 256
 LOOPBACK_INTERFACES = frozenset({"lo", "lo0", "127.0.0.1", "localhost"})
 
 
-def require_cyclonedds() -> None:
-    """ConfigError (exit 2, one line) when sinks.dds is on but Cyclone DDS's Python binding is not installed."""
+def require_cyclonedds(what: str = "sinks.dds.enabled", instead: str = "set sinks.dds.enabled = false") -> None:
+    """ConfigError (exit 2, one line) when DDS is asked for but Cyclone DDS's Python binding is not installed."""
     try:
         import cyclonedds  # noqa: F401
     except ImportError as err:
         raise ConfigError(
-            f"sinks.dds.enabled: Cyclone DDS is not installed ({err}); pip install 'edgerun[dds]' "
-            "(on aarch64 it builds against Cyclone's C library: README, Installing on aarch64), "
-            "or set sinks.dds.enabled = false"
+            f"{what}: Cyclone DDS is not installed ({err}); pip install 'edgerun[dds]' "
+            f"(on aarch64 it builds against Cyclone's C library: README, Installing on aarch64), or {instead}"
         ) from None
 
 _LOOPBACK_XML = (

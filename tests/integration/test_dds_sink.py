@@ -402,3 +402,14 @@ def test_fleet_objects_reach_a_dds_reader_keyed_by_id() -> None:
     )
     assert (sample.east_m, sample.north_m, sample.score) == (obj["east_m"], obj["north_m"], obj["score"])
     assert sink.counters()["objects_sent"] >= 1 and sink.counters()["objects_dropped"] == 0
+
+
+def test_listen_dds_without_cyclonedds_is_one_line() -> None:
+    code = (
+        "import sys; sys.modules['cyclonedds'] = None; from edgerun.cli import main; "
+        "sys.exit(main(['listen', '--dds', '--seconds', '1']))"
+    )
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, env=python_env())
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgerun: error: listen --dds: Cyclone DDS is not installed")
