@@ -13,9 +13,9 @@ of its sandbox that can break a node, from what exists without PID 1:
   libseccomp from the unit's own SystemCallFilter= lines, as systemd expands them (EPERM for the rest,
   SystemCallErrorNumber=EPERM), and execs the command.
 
-What this cannot reproduce: cgroup device ACLs beyond the minimal /dev, RestrictAddressFamilies=,
-ProtectKernel*/ProtectClock= (their system calls are already outside the filter) and
-MemoryDenyWriteExecute= (off in the unit).
+The filter also allows socket() only for the unit's RestrictAddressFamilies=. What this cannot
+reproduce: cgroup device ACLs beyond the minimal /dev, ProtectKernel*/ProtectClock= (their system calls
+are already outside the filter) and MemoryDenyWriteExecute= (off in the unit).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import ctypes.util
 import errno
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -74,13 +75,42 @@ def unit_allowed_syscalls(unit_text: str) -> set[str]:
     return allowed
 
 
-def load_seccomp(allowed: set[str]) -> None:
-    """Install an allow-list filter on this process: anything else fails with EPERM."""
+class ScmpArgCmp(ctypes.Structure):
+    """libseccomp's struct scmp_arg_cmp: a condition on one system call argument."""
+
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
+
+
+SCMP_CMP_EQ = 4
+
+
+def unit_address_families(unit_text: str) -> list[int]:
+    """The socket families a unit's RestrictAddressFamilies= allows (an allow list)."""
+    names = re.search(r"^RestrictAddressFamilies=(.*)$", unit_text, re.MULTILINE)
+    if names is None or names.group(1).startswith("~"):
+        raise ValueError("the unit has no RestrictAddressFamilies= allow list")
+    return [int(getattr(socket, name)) for name in names.group(1).split()]
+
+
+def load_seccomp(allowed: set[str], families: list[int]) -> None:
+    """Install an allow-list filter on this process: anything else fails with EPERM; socket() only for
+    ``families`` (systemd answers EAFNOSUPPORT for the others, the same refusal to the caller)."""
     lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2", use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(ScmpArgCmp),
+    ]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     ctx = lib.seccomp_init(SCMP_ACT_ERRNO_BASE | errno.EPERM)
     if not ctx:
@@ -89,9 +119,15 @@ def load_seccomp(allowed: set[str]) -> None:
         nr = lib.seccomp_syscall_resolve_name(name.encode())
         if nr == NR_SCMP_ERROR:
             continue  # not a system call of this architecture (arm_fadvise64_64 on x86-64)
-        rc = lib.seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0)
-        if rc < 0:
-            raise OSError(-rc, f"seccomp_rule_add({name})")
+        if name == "socket":
+            conditions = [ScmpArgCmp(0, SCMP_CMP_EQ, family, 0) for family in families]
+        else:
+            conditions = [None]
+        for condition in conditions:
+            args = (ScmpArgCmp * 1)(condition) if condition is not None else None
+            rc = lib.seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, nr, 0 if args is None else 1, args)
+            if rc < 0:
+                raise OSError(-rc, f"seccomp_rule_add({name})")
     rc = lib.seccomp_load(ctx)  # libseccomp sets no_new_privs first (SCMP_FLTATR_CTL_NNP)
     if rc < 0:
         raise OSError(-rc, "seccomp_load")
@@ -221,13 +257,15 @@ def main(argv: list[str]) -> None:
     sep = argv.index("--")
     opts = dict(zip(argv[:sep:2], argv[1:sep:2]))
     command = argv[sep + 1 :]
-    allowed = unit_allowed_syscalls(Path(opts["--unit"]).read_text())
+    unit_text = Path(opts["--unit"]).read_text()
+    allowed = unit_allowed_syscalls(unit_text)
+    families = unit_address_families(unit_text)
     groups = [int(g) for g in opts["--groups"].split(",") if g]
     os.setgroups(groups)
     os.setresgid(int(opts["--gid"]), int(opts["--gid"]), int(opts["--gid"]))
     os.setresuid(int(opts["--uid"]), int(opts["--uid"]), int(opts["--uid"]))  # every capability goes with root
     os.umask(0o077)
-    load_seccomp(allowed)
+    load_seccomp(allowed, families)
     os.execv(command[0], command)
 
 
