@@ -59,9 +59,11 @@ class McuCheck:
         ops = ", ".join(f"{name} x{count}" for name, count in sorted(self.ops.items()))
         lines.append(f"ops        {ops}")
         lines.append(f"supported  {'all' if not self.unsupported else 'NO: ' + ', '.join(self.unsupported)}")
-        needed = "-" if self.arena_needed is None else f"{self.arena_needed} bytes"
-        verdict = "fits" if self.fits else "does NOT fit"
-        lines.append(f"arena      {needed} needed; {verdict} in {self.arena_limit} bytes")
+        if self.arena_needed is None:
+            lines.append("arena      not measured: the model does not run in TFLite Micro")
+        else:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"arena      {self.arena_needed} bytes needed; {verdict} in {self.arena_limit} bytes")
         if self.invoke_ms_median is not None:
             timing = f"{self.invoke_ms_median:.3f} ms median, {self.invoke_ms_max:.3f} ms max"
             lines.append(f"invoke     {timing} (this host)")
@@ -168,8 +170,11 @@ def check_mcu_model(path: str | Path, arena_limit: int, runs: int = 20) -> McuCh
     unsupported = sorted({m.group(1) for line in runner.log for rx in _UNSUPPORTED for m in rx.finditer(line)})
     unsupported = [name for name in ops if name.split(":")[0] in unsupported] or unsupported
     if interp is None:
-        return McuCheck(str(path), len(data), ops, unsupported, arena_limit, None, False, None, None,
-                        error="" if unsupported else runner.last_error)
+        # TFLM's own words say which kernel refused what (e.g. DEQUANTIZE of float16 weights).
+        why = [line.split("/kernels/")[-1].rstrip(".") for line in runner.log
+               if "was not true" in line or "failed to prepare" in line]
+        error = "" if unsupported else "; ".join([runner.last_error, *why[:2]])
+        return McuCheck(str(path), len(data), ops, unsupported, arena_limit, None, False, None, None, error=error)
     # Smallest arena that allocates and invokes: an interpreter per probe, binary search.
     lo, hi = 0, MAX_ARENA
     while hi - lo > ARENA_STEP:

@@ -117,3 +117,23 @@ def test_parse_size() -> None:
     assert parse_size("64KiB") == 65536
     with pytest.raises(ModelError, match="--arena: expected a size like 64k"):
         parse_size("lots")
+
+
+def test_a_kernel_that_refuses_its_input_is_quoted(tmp_path: Path) -> None:
+    """float16 weights behind DEQUANTIZE (how BlazeFace ships) run in TFLite but not in TFLM."""
+    t = schema.TensorType
+    inp = me.Tensor(shape=(1, 4), dtype=t.FLOAT32, name="input")
+    half = me.Tensor(shape=(1, 4), dtype=t.FLOAT16, name="half", data=np.ones((1, 4), np.float16))
+    full = me.Tensor(shape=(1, 4), dtype=t.FLOAT32, name="full")
+    out = me.Tensor(shape=(1, 4), dtype=t.FLOAT32, name="out")
+    deq = me.Operator(opcode=schema.BuiltinOperator.DEQUANTIZE, inputs=[half], outputs=[full])
+    add = me.Operator(opcode=schema.BuiltinOperator.ADD, inputs=[inp, full], outputs=[out])
+    add._fb.builtinOptionsType = schema.BuiltinOptions.AddOptions
+    add._fb.builtinOptions = schema.AddOptionsT()
+    graph = me.Subgraph(tensors=[inp, half, full, out], operators=[deq, add], inputs=[inp], outputs=[out])
+    model = tmp_path / "f16.tflite"
+    model.write_bytes(bytes(me.Model(subgraphs=[graph]).build()))
+    result = check_mcu_model(model, 64 * 1024)
+    assert result.unsupported == [] and result.arena_needed is None and not result.ok
+    assert "Node DEQUANTIZE (number 0) failed to prepare" in result.error
+    assert "arena      not measured" in result.format()
