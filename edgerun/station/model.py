@@ -24,6 +24,7 @@ from edgerun.station.footprint import footprint, pose_from_payload
 
 MAX_PAYLOAD = 256 * 1024
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+HTTP_ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}$")  # host:port, nothing else
 RESERVED_IDS = frozenset({"fleet", "station"})  # topic levels that are not nodes
 NODE_TOPICS = ("detections", "events", "status", "metrics", "swarm")
 SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
@@ -127,6 +128,7 @@ class FleetModel:
         self._dirty_nodes: set[str] = set()
         self._dirty_objects: set[str] = set()
         self._removed_objects: set[str] = set()
+        self._removed_nodes: set[str] = set()
         self._new_events: list[dict[str, Any]] = []
         self._states: dict[str, str] = {}
         self._dirty_meta = True
@@ -188,7 +190,14 @@ class FleetModel:
             if not NODE_ID_RE.match(node_id):
                 raise _Drop("bad_node_id")
             if len(self.nodes) >= self.max_nodes:
-                raise _Drop("too_many_nodes")
+                # Make room by forgetting the node heard from longest ago, unless even it is still live.
+                oldest = min(self.nodes.values(), key=lambda n: n.last_seen)
+                if oldest.status == "online" and now - oldest.last_seen <= self.stale_s:
+                    raise _Drop("too_many_nodes")
+                del self.nodes[oldest.id]
+                self._states.pop(oldest.id, None)
+                self._dirty_nodes.discard(oldest.id)
+                self._removed_nodes.add(oldest.id)
             node = self.nodes[node_id] = NodeView(node_id)
         return node
 
@@ -282,8 +291,8 @@ class FleetModel:
         node.p99_ms = _num(s.get("latency_p99_ms"))
         dropped = _num(s.get("dropped"))
         node.dropped = int(dropped) if dropped is not None else node.dropped
-        if isinstance(s.get("http"), str):
-            node.http = s["http"][:200]
+        if isinstance(s.get("http"), str) and HTTP_ADDRESS_RE.match(s["http"]):
+            node.http = s["http"]
         ts, frames, dets = _num(doc.get("ts")), _num(s.get("frames")), _num(s.get("detections"))
         if ts is None or frames is None or dets is None:
             node.fps = _num(s.get("fps"))
@@ -364,8 +373,9 @@ class FleetModel:
                         "meta": {k: v for k, v in list(meta.items())[:16] if isinstance(v, (str, int, float, bool))}})
         node.swarm_members = out
         node.swarm_seen = sum(1 for m in out if m["state"] in ("alive", "suspect") and m["name"] != node.id)
-        if isinstance(meta_http := next((m["meta"].get("http") for m in out if m["name"] == node.id), None), str):
-            node.http = meta_http[:200]
+        meta_http = next((m["meta"].get("http") for m in out if m["name"] == node.id), None)
+        if isinstance(meta_http, str) and HTTP_ADDRESS_RE.match(meta_http):
+            node.http = meta_http
         # A node with no camera pose yet is placed where its own metadata says it is.
         if node.pose is None:
             own = next((m["meta"] for m in out if m["name"] == node.id), {})
@@ -451,7 +461,7 @@ class FleetModel:
                 self._states[node_id] = state
                 self._dirty_nodes.add(node_id)
         if not (self._dirty_nodes or self._dirty_objects or self._removed_objects or self._new_events
-                or self._dirty_meta):
+                or self._dirty_meta or self._removed_nodes):
             return None
         delta: dict[str, Any] = {"ts": now}
         if self._dirty_nodes:
@@ -460,6 +470,9 @@ class FleetModel:
             delta["objects"] = [self.objects[k] for k in self._dirty_objects if k in self.objects]
         if self._removed_objects:
             delta["removed_objects"] = sorted(self._removed_objects)
+        if self._removed_nodes:
+            delta["removed_nodes"] = sorted(self._removed_nodes)
+            self._removed_nodes = set()
         if self._new_events:
             delta["events"] = self._new_events
         if self._dirty_meta:

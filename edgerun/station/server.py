@@ -67,7 +67,10 @@ class StationServer:
     async def stop(self) -> None:
         for queue in list(self.station.clients):
             self.station.clients.discard(queue)
-            queue.put_nowait("")  # wakes the stream handler, which then ends
+            try:
+                queue.put_nowait("")  # wakes the stream handler, which then ends
+            except asyncio.QueueFull:
+                pass  # it has messages to wake it, and then sees it was removed
         if self._session is not None:
             await self._session.close()
         runner, self._runner = self._runner, None

@@ -169,11 +169,26 @@ def test_bad_payloads_are_dropped_and_counted_by_reason(topic, payload, reason):
     assert "d1" not in m.nodes or m.nodes["d1"].model == ""
 
 
-def test_node_count_is_bounded():
-    m = FleetModel(max_nodes=2)
+def test_node_count_is_bounded_forgetting_the_longest_silent_first():
+    m = FleetModel(max_nodes=2, stale_s=10.0)
     for i in range(4):
         m.ingest(f"edgerun/n{i}/status", b"online", T0)
-    assert len(m.nodes) == 2 and m.dropped["too_many_nodes"] == 2
+    assert sorted(m.nodes) == ["n0", "n1"] and m.dropped["too_many_nodes"] == 2  # both still live
+    m.ingest("edgerun/n1/status", b"online", T0 + 20)
+    m.take_delta(T0 + 20)
+    m.ingest("edgerun/n5/status", b"online", T0 + 21)  # n0 went silent 21 s ago: it makes room
+    assert sorted(m.nodes) == ["n1", "n5"]
+    assert m.take_delta(T0 + 21)["removed_nodes"] == ["n0"]
+
+
+def test_a_node_http_address_is_taken_only_as_host_and_port():
+    m = FleetModel()
+    for address, kept in (("127.0.0.1:8089", "127.0.0.1:8089"), ("evil/path:1", "127.0.0.1:8089"),
+                          ("[::1]:80", "[::1]:80"), ("host:80/x?y", "[::1]:80")):
+        doc = json.loads(metrics("d1", T0, 1, 1))
+        doc["summary"]["http"] = address
+        m.ingest("edgerun/d1/metrics", json.dumps(doc).encode(), T0)
+        assert m.nodes["d1"].http == kept
 
 
 def test_events_are_bounded_and_deltas_carry_only_new_ones():

@@ -34,6 +34,7 @@ function applyDelta(d) {
       if (t.length > TRAIL_POINTS) t.splice(0, t.length - TRAIL_POINTS);
     }
   }
+  for (const id of d.removed_nodes || []) { delete S.nodes[id]; delete S.trails[id]; }
   for (const o of d.objects || []) S.objects[o.id] = o;
   for (const id of d.removed_objects || []) delete S.objects[id];
   if (d.events) { S.events.push(...d.events); if (S.events.length > 300) S.events.splice(0, S.events.length - 300); }
