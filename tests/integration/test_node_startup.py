@@ -124,3 +124,42 @@ def test_a_config_mistake_is_found_before_the_model_loads(tmp_path):
     assert lines[-1].startswith("edgerun: error: sinks.mqtt.tls_ca: ") and str(ca) in lines[-1]
     assert "XNNPACK" not in proc.stderr  # TFLite never created an interpreter: the model was not loaded
     assert "Traceback" not in proc.stderr
+
+
+def test_build_then_serve_in_process(tmp_path, astronaut_rgb, blazeface_bundle):
+    """``await node.build()`` opens and warms everything but starts nothing; ``await node.serve()`` serves."""
+    import asyncio
+
+    import cv2
+
+    from edgerun.config import parse_config
+    from edgerun.node import Node
+    from tests.integration.jsonl import read_records
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(6):
+        cv2.imwrite(str(photos / f"{i}.png"), cv2.cvtColor(astronaut_rgb, cv2.COLOR_RGB2BGR))
+    out = tmp_path / "d.jsonl"
+    cfg = parse_config({
+        "node": {"id": "in-process"},
+        "source": {"kind": "images", "path": str(photos), "loop": False, "fps": 0},
+        "model": {"bundle": str(blazeface_bundle.root)},
+        "pipeline": {"policy": "block"},
+        "sinks": {"jsonl": {"path": str(out)}},
+        "service": {"http_enabled": False},
+    })
+    node = Node(cfg)
+
+    async def main() -> int:
+        assert await node.build()
+        assert node.pipeline is not None and node.failover is not None
+        assert node.failover.active_key == "tflite"  # open and warm...
+        assert node.sinks == [] and not out.exists()  # ...but nothing is served yet
+        assert node.stats.captured == 0
+        return await node.serve()  # until the images run out
+
+    assert asyncio.run(main()) == 0
+    batches = [r for r in read_records(out) if r["schema"] == "edgerun.detections/1"]
+    assert [b["seq"] for b in batches] == list(range(6))
+    assert all(len(b["detections"]) == 1 for b in batches)  # the astronaut's face in every frame
