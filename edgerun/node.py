@@ -328,6 +328,9 @@ class Node:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stop = self._stop or asyncio.Event()
+        from edgerun.service.journal import bind_engine
+
+        bind_engine(lambda: self.engine_key)  # journald entries carry EDGERUN_ENGINE
         self.health = Health(notify=loop.call_soon_threadsafe)
         self.health.on_change.append(self._on_health_change)
         self._notifier = SdNotifier()

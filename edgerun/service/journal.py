@@ -10,8 +10,8 @@ traceback). An entry too big for a datagram goes in a sealed memfd passed with S
   ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``, ``LOGGER`` (the logger's name);
 * ``EDGERUN_EVENT``: ``extra={"event": ...}`` of the log call, else the logging module's last name
   (``failover``, ``updater``, ``mqtt``), so ``journalctl -u edgerun EDGERUN_EVENT=failover`` works;
-* ``EDGERUN_ENGINE``: ``extra={"engine": ...}`` of the call, else the serving engine set with
-  ``JournalHandler.set_engine`` (absent until one is known).
+* ``EDGERUN_ENGINE``: ``extra={"engine": ...}`` of the call, else the engine serving frames at the
+  time, which the node hands over with ``bind_engine`` (absent until one serves).
 
 No library: python-systemd needs libsystemd and a compiler on the board, and the protocol is one
 datagram. A send that fails (journald restarting, a full queue) writes the line to standard error
@@ -26,7 +26,7 @@ import os
 import socket
 import struct
 import sys
-from typing import IO, Mapping
+from typing import IO, Callable, Mapping
 
 SOCKET_PATH = "/run/systemd/journal/socket"
 # syslog(3) levels: journald and journalctl -p filter on these.
@@ -84,14 +84,14 @@ class JournalHandler(logging.Handler):
         self.identifier = identifier
         self.socket_path = socket_path or SOCKET_PATH
         self.fallback = fallback if fallback is not None else sys.stderr
-        self.engine = ""
+        self.engine: Callable[[], str] = str  # "" until bind_engine
         self.send_errors = 0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._sock.setblocking(False)  # a full journal queue must not stall the event loop
 
-    def set_engine(self, key: str) -> None:
-        """The back end now serving frames, stamped as EDGERUN_ENGINE on records that do not name one."""
-        self.engine = key
+    def set_engine(self, engine: Callable[[], str]) -> None:
+        """Where the serving back end's key is read, stamped as EDGERUN_ENGINE on records that do not name one."""
+        self.engine = engine
 
     def fields(self, record: logging.LogRecord) -> dict[str, str]:
         message = record.getMessage()
@@ -110,7 +110,12 @@ class JournalHandler(logging.Handler):
             "THREAD_NAME": record.threadName or "",
             "EDGERUN_EVENT": str(getattr(record, "event", "") or record.name.rsplit(".", 1)[-1]),
         }
-        engine = getattr(record, "engine", "") or self.engine
+        engine = getattr(record, "engine", "")
+        if not engine:
+            try:
+                engine = self.engine()
+            except Exception:  # a node half built or torn down: the entry goes without the field
+                engine = ""
         if engine:
             fields["EDGERUN_ENGINE"] = str(engine)
         for key, value in getattr(record, "journal", {}).items():  # extra={"journal": {"FRAME_ID": 7}}
@@ -159,3 +164,10 @@ class JournalHandler(logging.Handler):
     def close(self) -> None:
         self._sock.close()
         super().close()
+
+
+def bind_engine(engine: Callable[[], str]) -> None:
+    """Give every journal handler on the root logger the node's serving engine (a no-op off systemd)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, JournalHandler):
+            handler.set_engine(engine)

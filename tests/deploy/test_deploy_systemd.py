@@ -356,11 +356,14 @@ def test_installed_node_runs_under_the_unit_restrictions(installed, tmp_path):
         assert (state / "detections.jsonl").stat().st_size > 0
         assert (state / "detections.jsonl").stat().st_uid == uid
         assert mode(state / "detections.jsonl") & 0o077 == 0  # UMask=0077
-        try:
-            entry = journal.recv(1 << 16).decode("utf-8", "replace")
-        except TimeoutError:
-            raise AssertionError("no journal entry; stderr: " + (tmp_path / "stderr").read_text()[-3000:]) from None
-        assert "SYSLOG_IDENTIFIER=edgerun\n" in entry and "EDGERUN_EVENT=" in entry and "PRIORITY=" in entry
+        entries = []
+        while not any("EDGERUN_ENGINE=tflite\n" in e for e in entries):  # once the engine serves
+            try:
+                entries.append(journal.recv(1 << 16).decode("utf-8", "replace"))
+            except TimeoutError:
+                log = (tmp_path / "stderr").read_text()
+                raise AssertionError(f"journal entries: {entries}; stderr: {log}") from None
+        assert all("SYSLOG_IDENTIFIER=edgerun\n" in e and "EDGERUN_EVENT=" in e and "PRIORITY=" in e for e in entries)
     finally:
         # systemd signals the main process; bwrap itself would just die of SIGTERM.
         node_pid = sandboxed_command_pid(proc.pid, "/opt/edgerun/.venv/bin/edgerun")

@@ -66,7 +66,7 @@ def receive(sock: socket.socket) -> dict[str, str]:
 
 def test_one_entry_per_record_with_structured_fields(journal):
     sock, handler, logger = journal
-    handler.set_engine("tflite")
+    handler.set_engine(lambda: "tflite")
     logger.warning("switched to %s after %d errors", "tflite", 3, extra={"event": "failover"})
     entry = receive(sock)
     assert entry["MESSAGE"] == "switched to tflite after 3 errors"
