@@ -79,7 +79,8 @@ class FrameLost(Exception):
 
 
 class InferGuard(Protocol):
-    """Runs the infer stage's engine calls for the pipeline (``edgerun.engines.failover.Failover``).
+    """Runs the infer stage's engine calls for the pipeline (the node's ``ServingController``, which hands
+    them to the ``edgerun.engines.failover.Failover`` in charge).
 
     It may call the engine through a watched worker, switch the pipeline to
     another runtime on a fault, and raise ``FrameLost`` for frames it dropped.
