@@ -415,3 +415,44 @@ def test_a_holding_newcomer_is_reminded_of_a_report() -> None:
     old.tick(30.3, WALL0 + 30.3)
     exchange(old, new, now=30.5)  # a's reported claim comes back
     assert new.tick(31.5, WALL0 + 31.5) == [] and new.stats.suppressed == 1
+
+
+ops_st = st.lists(
+    st.one_of(
+        st.tuples(st.just("observe"), st.lists(st.tuples(st.sampled_from(["face", "person"]),
+                  st.floats(-1e9, 1e9), st.floats(-50, 50), st.floats(0, 100), st.floats(0, 2)), max_size=4)),
+        st.tuples(st.just("receive"), claims_st),
+        st.tuples(st.just("garbage"), st.binary(max_size=80)),
+        st.tuples(st.just("tick"), st.floats(0, 30)),
+    ),
+    max_size=60,
+)  # fmt: skip
+
+
+@given(ops_st)
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=150)
+def test_any_input_sequence_keeps_the_invariants(ops: list) -> None:
+    cfg = DedupConfig(max_tracks=8, max_claims_per_node=3, max_nodes=2, hold_s=0.5, window_s=20.0)
+    node = Dedup("me", cfg, now=0.0)
+    now = 0.0
+    reported_tracks: set[int] = set()
+    for op, arg in ops:
+        now += 0.1
+        if op == "observe":
+            node.observe([Observation(label, e, n, s, sc) for label, e, n, s, sc in arg], now, WALL0 + now)
+        elif op == "receive":
+            node.receive(encode_claim(arg), now)
+        elif op == "garbage":
+            node.receive(arg, now)
+        else:
+            now += arg
+        for obj in node.tick(now, WALL0 + now):
+            jsonschema.validate(obj.to_payload(), SCHEMA)
+            assert obj.owner == "me"
+        for key, payload in node.outgoing():
+            assert len(payload) <= cfg.max_payload_bytes and len(key) == 5
+        mine = {t.id for t in node._tracks.values() if t.reported and not t.suppressed}
+        reported_tracks |= mine
+        assert node.tracks <= 8 and len(node._peers) <= 2 and all(len(p) <= 3 for p in node._peers.values())
+    # Every report marks at least one track of this node reported, and a reported track never reports again.
+    assert node.stats.objects_reported <= len(reported_tracks)
