@@ -31,6 +31,7 @@ from typing import Any
 
 from edgerun.ota.errors import OtaError, Rejected
 from edgerun.ota.manifest import parse_manifest
+from edgerun.ota.rollout_gate import halted_for
 from edgerun.ota.transport import MAX_METADATA, CappedWriter, Offer, RateLimiter, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -106,21 +107,25 @@ def _client(client_id: str, cfg: Any = None) -> Any:
 class MqttTransport(Transport):
     KEY = "mqtt"
 
-    def __init__(self, host: str, port: int, client_id: str = "edgerun-ota", cfg: Any = None) -> None:
+    def __init__(
+        self, host: str, port: int, client_id: str = "edgerun-ota", cfg: Any = None, node_id: str = ""
+    ) -> None:
         self.host, self.port = host, port
         self.client_id = client_id
+        self.node_id = node_id  # for the rollout gate between chunks; empty: no gate
         self.cfg = cfg
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._subs: set[str] = set()
         self._latest: dict[str, bytes] = {}  # release topic -> last retained payload
+        self._offered: dict[str, Offer] = {}  # model -> the offer poll() last handed the updater
         self._waiters: dict[str, asyncio.Queue[bytes]] = {}
         self._connected = False
 
     @classmethod
     def from_sink_config(cls, cfg: Any, node_id: str) -> MqttTransport:
-        return cls(cfg.host, cfg.port, f"edgerun-ota-{node_id}", cfg)
+        return cls(cfg.host, cfg.port, f"edgerun-ota-{node_id}", cfg, node_id)
 
     def describe(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
@@ -202,7 +207,9 @@ class MqttTransport(Transport):
         payload = self._latest.get(topic)
         if not payload:
             return None
-        return decode_release(payload, f"{self.describe()}/{topic}")
+        offer = decode_release(payload, f"{self.describe()}/{topic}")
+        self._offered[model] = offer
+        return offer
 
     async def fetch(self, model: str, file: str, size: int, dest: Path, limiter: RateLimiter) -> None:
         self._ensure()
@@ -217,6 +224,7 @@ class MqttTransport(Transport):
         writer = CappedWriter(dest, size, file)
         try:
             for index in range(keep // chunk_size, len(hashes)):
+                self._check_rollout(model)
                 chunk = await self._chunk(model, file, index, hashes[index])
                 expected = min(chunk_size, size - index * chunk_size)
                 if len(chunk) != expected:
@@ -226,6 +234,20 @@ class MqttTransport(Transport):
         finally:
             writer.close()
         writer.finish()
+
+    def _check_rollout(self, model: str) -> None:
+        """Stop between chunks when a signed step of this release (a halt) no longer covers this node."""
+        offered, payload = self._offered.get(model), self._latest.get(release_topic(model))
+        if offered is None or not payload:
+            return
+        try:
+            newer = decode_release(payload, release_topic(model))
+        except TransportError:
+            return
+        why = halted_for(self.node_id, offered, newer)
+        if why is not None:
+            log.warning("ota: stopped downloading %s: %s", model, why)
+            raise TransportError(f"{self.describe()}: stopped downloading {model}: {why}")
 
     async def _chunk(self, model: str, file: str, index: int, sha256: str) -> bytes:
         for attempt in range(CHUNK_TRIES):

@@ -177,3 +177,24 @@ def test_dead_nodes_other_models_and_missing_rates_do_not_count():
     other = NodeView("x", status="online", model="other", model_version=1, fps=50.0, last_seen=NOW)
     verdict = judge("m", 2, [*nodes, other], NOW, 15.0)
     assert not verdict.halt and verdict.figures["canary_nodes"] == 0 and verdict.figures["baseline_nodes"] == 1
+
+
+# -- the node's gate between chunks ---------------------------------------------------------------------------
+
+
+def test_the_download_gate_stops_only_for_a_signed_step_that_drops_this_node(released):
+    from edgerun.ota.rollout_gate import halted_for
+
+    fleet, offer = released
+    key = fleet.release_keys[0]
+    inside = next(n for n in NODES if cohort_position("canary-salt", n) < 10)
+    outside_at_5 = next(n for n in NODES if 5 <= cohort_position("canary-salt", n) < 10)
+    halted = resign(offer, 0.0, key)
+    assert "no longer this node" in halted_for(inside, offer, halted)
+    assert halted_for(inside, offer, resign(offer, 50.0, key)) is None  # promoted: still in
+    assert "5%" in halted_for(outside_at_5, offer, resign(offer, 5.0, key))  # narrowed below it
+    assert halted_for(inside, offer, resign(offer, 0.0, SecretKey.generate())) is None  # forged
+    assert halted_for(inside, offer, offer) is None
+    unsigned = Offer("x", halted.manifest, offer.manifest_sig, offer.keys, offer.keys_sig)
+    assert halted_for(inside, offer, unsigned) is None
+    assert halted_for("", offer, halted) is None  # no node id: no gate
