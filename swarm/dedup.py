@@ -344,7 +344,8 @@ class Dedup:
         self._next_track = 0
         self._now = now
         self._changed = True  # claims or tracks changed since the last grouping
-        self._waiting: frozenset[int] = frozenset()  # own tracks left undecided by the last grouping
+        self._waiting: frozenset[tuple[int, bool]] = frozenset()  # own undecided tracks at the last grouping
+        self._grouped_at = -math.inf
 
     # inputs
 
@@ -352,8 +353,6 @@ class Dedup:
         """This node's ground fixes of one frame: each joins its nearest live track of its class, or starts one."""
         self._now = now
         cfg = self.cfg
-        if fixes:
-            self._changed = True
         live = [t for t in self._tracks.values() if now - t.last_fix <= cfg.track_timeout_s]
         pairs: list[tuple[float, int, int]] = []
         valid: list[Observation] = []
@@ -386,6 +385,7 @@ class Dedup:
         for i, fix in enumerate(valid):
             if i not in used_fix:
                 self._start(fix, now, wall)
+                self._changed = True  # a new track; fixes of known ones regroup at most every claim_min_interval_s
 
     def receive(self, payload: bytes, now: float) -> None:
         """A claim gossiped by a peer. Never raises: a bad payload is dropped and counted by reason."""
@@ -465,10 +465,12 @@ class Dedup:
         keepers = [t for t in own.values() if t.suppressed and not t.memory_due and self._memory_check_due(t, now)]
         reports: list[FleetObject] = []
         state = frozenset((t.id, now - t.created >= cfg.hold_s) for t in undecided)
-        if not keepers and (not undecided or (not self._changed and state == self._waiting)):
+        quiet = not self._changed and state == self._waiting and now - self._grouped_at < cfg.claim_min_interval_s
+        if not keepers and (not undecided or quiet):
             self._queue_claims(own.values(), now)  # nothing new to group: the common case
             return reports
         self._changed = False
+        self._grouped_at = now
         claims = [t.to_claim(self.node_id) for t in own.values()]
         claims.extend(h.claim for peer in self._peers.values() for h in peer.values())
         index = _ClaimIndex(claims, cfg)
