@@ -329,3 +329,29 @@ def test_link_bench_short_form_accounts_for_every_detection(sim_binary: Path, tm
     assert sum(damaged["host_dropped_frames"].values()) >= 19  # bad_crc or bad_cobs, by where the flip landed
     assert damaged["host_received"] < 200 and damaged["unaccounted"] == 0
     assert damaged["host_received"] + damaged["host_lost_frames_seq_gaps"] >= 200
+
+
+def test_bridge_reopens_the_port_after_the_mcu_goes_away(sim_binary: Path, tmp_path: Path) -> None:
+    """Like a USB serial adapter unplugged and plugged back: the same path (a by-id symlink) comes back."""
+    link = tmp_path / "ttyMCU"
+
+    async def go() -> tuple[int, int]:
+        with running_sim(sim_binary, tmp_path / "flash", "--device-id", "1") as (proc, port):
+            link.symlink_to(port)
+            bridge = _bridge(str(link), lambda b: None)
+            await _connected(bridge)
+            assert bridge.link.hello.device_id == 1
+            proc.kill()
+        link.unlink()
+        await until(lambda: not bridge.connected, what="the bridge to see the port go")
+        with running_sim(sim_binary, tmp_path / "flash", "--device-id", "2") as (_, port):
+            link.symlink_to(port)
+            await until(lambda: bridge.connected and bridge.link.hello is not None and bridge.link.hello.device_id == 2,
+                        what="HELLO from the MCU on the reopened port")
+            counters = bridge.counters()
+            await bridge.stop()
+        return counters["connects"], counters["lost_frames"]
+
+    connects, lost = asyncio.run(go())
+    assert connects == 2
+    assert lost == 0  # a reopened port starts a new sequence: no phantom gap
