@@ -34,6 +34,10 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from edgerun.config import load_config
 
+    if args.test_control:  # HIL test mode: the control socket and its fault-injectable engine key
+        from edgerun.testing.control import register_test_engines
+
+        register_test_engines()
     cfg = load_config(args.config)  # before the heavy imports: a bad config fails fast
     if cfg.sinks.dds.enabled:
         from edgerun.sinks.dds import require_cyclonedds
@@ -42,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level or cfg.node.log_level)
     from edgerun.node import run_node
 
-    return run_node(cfg, seconds=args.seconds)
+    return run_node(cfg, seconds=args.seconds, test_control=args.test_control)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -180,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the node from a config file")
     run.add_argument("-c", "--config", required=True, help="node TOML config (see deploy/node.example.toml)")
     run.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
+    run.add_argument(
+        "--test-control", nargs="?", const="edgerun-control.sock", default=None, metavar="SOCKET",
+        help="HIL test mode: fault-injection unix socket (default ./edgerun-control.sock); never in production",
+    )
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="replayed flight with BlazeFace, scored against ground truth")

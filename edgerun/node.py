@@ -172,8 +172,15 @@ class Node:
     its stop onto ``self._services`` (an ``AsyncExitStack``): nothing else to wire.
     """
 
-    def __init__(self, cfg: Config, *, observers: list[Callable[[DetectionBatch], None]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        observers: list[Callable[[DetectionBatch], None]] | None = None,
+        test_control: str | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.test_control = test_control  # unix socket path of edgerun.testing.control (edgerun run --test-control)
         self.node_id = cfg.node_id
         self.stats = PipelineStats()
         self.health = Health()
@@ -460,6 +467,8 @@ class Node:
             self.serving.serve(pipeline, failover)
             self._starting = None
             await self._start_http()
+            if self.test_control:
+                await self._start_test_control(self.test_control)
             # Stall time counts from here: loading the model and the scene is not a stalled pipeline.
             self.t_pipeline_start = time.monotonic()
             pipeline.start(source_open=not self._source_error, source_error=self._source_error)
@@ -621,6 +630,14 @@ class Node:
         self.http_port = http.port
         self._services.push_async_callback(http.stop)
 
+    async def _start_test_control(self, path: str) -> None:
+        """The HIL rig's fault-injection socket; only ever from ``edgerun run --test-control``."""
+        from edgerun.testing.control import ControlServer
+
+        control = ControlServer(self, path)
+        await control.start()
+        self._services.push_async_callback(control.stop)
+
     async def _drain(self, pipeline: Pipeline) -> None:
         """Stop capture and let the frames in flight reach the sinks (before the sinks close)."""
         timeout = self.cfg.service.shutdown_timeout_s * 0.6
@@ -661,13 +678,13 @@ class Node:
         }
 
 
-def run_node(cfg: Config, seconds: float | None = None) -> int:
-    """Run a node on a fresh event loop (uvloop when installed)."""
+def run_node(cfg: Config, seconds: float | None = None, *, test_control: str | None = None) -> int:
+    """Run a node on a fresh event loop (uvloop when installed); ``test_control``: the HIL control socket."""
     try:
         import uvloop
 
         runner: Callable[..., Any] = uvloop.run
     except ImportError:
         runner = asyncio.run
-    return runner(Node(cfg).run(seconds=seconds))
+    return runner(Node(cfg, test_control=test_control).run(seconds=seconds))
 

@@ -1,0 +1,166 @@
+"""TEST TOOL: the node's test-control socket, for the hardware-in-the-loop rig (``hil``).
+
+Exists only when the node is started with ``edgerun run --test-control [PATH]``: no config key reaches it,
+so a production node never listens. It is a unix socket (default ``edgerun-control.sock`` in the run
+directory); a client sends one JSON line and reads one JSON line back::
+
+    {"cmd": "ping"}                                  -> {"ok": true, "node": "drone-1", "pid": 123}
+    {"cmd": "accelerator", "mode": "hang"}           "raise", "hang" or "clear": the hilaccel engine's FaultPlan
+    {"cmd": "clock_skew", "seconds": 30}             the process's wall clock (time.time) runs this far off
+    {"cmd": "camera", "present": false}              the source raises SourceError until it is back
+    {"cmd": "ota_crash_at", "step": "staged"}        SIGKILL right after journalling that OTA step
+    {"cmd": "state"}                                 what is armed, and the accelerator's call/fault counts
+
+``--test-control`` also registers the engine key ``hilaccel``: the CPU TFLite engine standing in for an
+accelerator (``FaultInjectingEngine``) whose faults this socket arms. Bad requests get ``{"ok": false,
+"error": ...}``; nothing a client sends raises into the node's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from edgerun.engines.base import ENGINE_MODULES, EngineOptions
+from edgerun.engines.tflite import TFLiteEngine
+from edgerun.errors import SourceError
+from edgerun.ota.store import CRASH_ENV, STEPS
+from edgerun.testing.faults import FaultInjectingEngine, FaultPlan
+
+log = logging.getLogger(__name__)
+
+ACCELERATOR_KEY = "hilaccel"
+DEFAULT_SOCKET = "edgerun-control.sock"
+MAX_REQUEST = 4096  # one JSON line; anything longer is not a control request
+
+# Shared by every ControlledAccelerator of the process: a re-probe sees the fault until it is cleared.
+ACCELERATOR_PLAN = FaultPlan()
+_real_time = time.time
+
+
+class ControlledAccelerator(FaultInjectingEngine):
+    """TEST ENGINE: the real CPU TFLite engine posing as a serial accelerator, failing on the socket's command."""
+
+    KEY = ACCELERATOR_KEY
+
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
+        super().__init__(
+            TFLiteEngine(model_path, EngineOptions(num_threads=1)), ACCELERATOR_PLAN, ACCELERATOR_KEY,
+            cpu_threads=0, concurrent_calls=1,
+        )
+
+
+def register_test_engines() -> None:
+    """Makes ``hilaccel`` a valid engine key in this process (called by ``edgerun run --test-control``)."""
+    ENGINE_MODULES.setdefault(ACCELERATOR_KEY, "edgerun.testing.control:ControlledAccelerator")
+
+
+class ControlServer:
+    """The socket's server on the node's loop; ``node`` is the running ``edgerun.node.Node``."""
+
+    def __init__(self, node: Any, path: str | Path) -> None:
+        self.node = node
+        self.path = Path(path)
+        self.skew_s = 0.0
+        self.camera_present = True
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # left by a killed predecessor
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=MAX_REQUEST)
+        os.chmod(self.path, 0o600)
+        log.warning("test control listening on %s (test mode: never in production)", self.path)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5.0)
+            try:
+                request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError("expected a JSON object")
+                reply = self.handle(request)
+            except (ValueError, TypeError, KeyError) as err:
+                reply = {"ok": False, "error": str(err)}
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.LimitOverrunError, ValueError, ConnectionError):
+            pass  # a client that sends nothing, too much or hangs up: nothing to answer
+        finally:
+            writer.close()
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One command; raises ValueError/TypeError/KeyError on a bad request."""
+        cmd = request.get("cmd")
+        if cmd == "ping":
+            return {"ok": True, "node": self.node.node_id, "pid": os.getpid()}
+        if cmd == "state":
+            return {"ok": True, **self.state()}
+        if cmd == "accelerator":
+            mode = request["mode"]
+            if mode == "clear":
+                ACCELERATOR_PLAN.clear()
+            else:
+                ACCELERATOR_PLAN.arm(mode)  # ValueError on an unknown mode
+            log.warning("test control: accelerator %s", mode)
+            return {"ok": True, **self.state()}
+        if cmd == "clock_skew":
+            self.set_skew(float(request["seconds"]))
+            return {"ok": True, **self.state()}
+        if cmd == "camera":
+            self.set_camera(bool(request["present"]))
+            return {"ok": True, **self.state()}
+        if cmd == "ota_crash_at":
+            step = str(request["step"])
+            if step not in STEPS:
+                raise ValueError(f"unknown OTA step {step!r}")
+            os.environ[CRASH_ENV] = step  # read by ModelStore after each journal line
+            log.warning("test control: SIGKILL after OTA step %s", step)
+            return {"ok": True, **self.state()}
+        raise ValueError(f"unknown command {cmd!r}")
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "accelerator": ACCELERATOR_PLAN.mode or "ok",
+            "accelerator_calls": ACCELERATOR_PLAN.calls,
+            "accelerator_faults": ACCELERATOR_PLAN.faults,
+            "clock_skew_s": self.skew_s,
+            "camera_present": self.camera_present,
+            "ota_crash_at": os.environ.get(CRASH_ENV, ""),
+        }
+
+    def set_skew(self, seconds: float) -> None:
+        """Every ``time.time()`` of the process runs ``seconds`` off (payload stamps, gossip, OTA expiry)."""
+        self.skew_s = seconds
+        time.time = (lambda: _real_time() + seconds) if seconds else _real_time  # type: ignore[assignment]
+        log.warning("test control: wall clock skewed by %+.1f s", seconds)
+
+    def set_camera(self, present: bool) -> None:
+        """A camera that disappears: reads and reopens raise SourceError until it is back."""
+        source = self.node.source
+        self.camera_present = present
+        if source is None:
+            return
+        if present:
+            source.__dict__.pop("read", None)
+            source.__dict__.pop("open", None)
+        else:
+            def gone(*args: Any, **kwargs: Any) -> Any:
+                raise SourceError("camera disconnected (test control)")
+
+            source.read = gone
+            source.open = gone
+        log.warning("test control: camera %s", "back" if present else "gone")
