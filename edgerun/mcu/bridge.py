@@ -4,6 +4,14 @@
 goes away, turns each run of DETECTION messages with one timestamp into a ``DetectionBatch`` handed to
 ``submit_batch``, keeps the MCU's health (HELLO, HEARTBEAT) and the link's counters for /metrics, and
 relays signed MCU model releases (``relay``). The protocol itself is ``McuLink`` and ``OtaRelay``.
+
+Wiring it into a node (import it only when ``[mcu].enabled``: it needs the ``mcu`` extra)::
+
+    bridge = McuBridge(cfg.mcu, cfg.node_id, lambda batch: publish_to_sinks(batch))
+    await bridge.start()              # returns at once; the port is opened (and reopened) in a task
+    registry.register(bridge)         # edgerun_mcu_* on /metrics
+    result = await bridge.relay_directory(release_dir)   # an MCU model update
+    await bridge.stop()
 """
 
 from __future__ import annotations
