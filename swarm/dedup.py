@@ -79,6 +79,22 @@ class DedupConfig:
     max_nodes: int = 64
     max_payload_bytes: int = 256
 
+    def __post_init__(self) -> None:
+        for name in ("radius_m", "window_s", "track_gate_m", "track_timeout_s", "claim_refresh_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"dedup: {name} must be > 0, got {getattr(self, name)}")
+        for name in ("hold_s", "sigma_gate", "track_noise_m2_s", "claim_min_interval_s", "memory_slack_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"dedup: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("min_hits", "max_tracks", "max_claims_per_node", "max_nodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"dedup: {name} must be >= 1, got {getattr(self, name)}")
+        if self.peer_silence_s < 2 * self.claim_refresh_s:
+            # a live peer refreshes its undecided claims every claim_refresh_s: one lost refresh is not death
+            raise ValueError(
+                f"dedup: peer_silence_s ({self.peer_silence_s}) must be >= 2 x claim_refresh_s ({self.claim_refresh_s})"
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class Observation:

@@ -456,3 +456,16 @@ def test_any_input_sequence_keeps_the_invariants(ops: list) -> None:
         assert node.tracks <= 8 and len(node._peers) <= 2 and all(len(p) <= 3 for p in node._peers.values())
     # Every report marks at least one track of this node reported, and a reported track never reports again.
     assert node.stats.objects_reported <= len(reported_tracks)
+
+
+def test_config_is_checked() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match=r"^dedup: radius_m must be > 0, got 0"):
+        DedupConfig(radius_m=0)
+    with pytest.raises(ValueError, match=r"^dedup: hold_s must be >= 0, got -1"):
+        DedupConfig(hold_s=-1)
+    with pytest.raises(ValueError, match=r"^dedup: peer_silence_s \(20\) must be >= 2 x claim_refresh_s \(15.0\)"):
+        DedupConfig(peer_silence_s=20)
+    with pytest.raises(ValueError, match=r"^dedup: node id must be 1-64 characters, got 0"):
+        Dedup("", now=0.0)
