@@ -344,6 +344,10 @@ class DedupStats:
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
+    def as_dict(self) -> dict[str, Any]:
+        """Plain counters for metrics and JSON."""
+        return {**{k: v for k, v in vars(self).items() if k != "dropped"}, "dropped": dict(self.dropped)}
+
 
 class Dedup:
     """One node's side of fleet dedup (sans-I/O; see the module docstring)."""

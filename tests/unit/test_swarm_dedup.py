@@ -101,6 +101,9 @@ def test_bad_payloads_counted_by_reason() -> None:
     older = Claim("peer", 1, "face", 10, 10, 5, 1000, 5, 900, False)
     node.receive(encode_claim(older), 0.0)
     assert node.stats.dropped == {"empty": 1, "malformed": 1, "oversized": 1, "invalid": 1, "own": 1, "stale": 1}
+    counters = node.stats.as_dict()
+    assert counters["claims_received"] == 2 and counters["dropped"]["stale"] == 1
+    assert json.loads(json.dumps(counters)) == counters
     assert node.held_claims() == [good]
 
 
