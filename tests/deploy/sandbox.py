@@ -7,15 +7,16 @@ of its sandbox that can break a node, from what exists without PID 1:
   (ProtectHome=yes), a private /tmp (PrivateTmp=yes), a minimal /dev with only null, zero, full,
   random, urandom, tty and ptmx (DevicePolicy=closed), private IPC, PID and UTS namespaces, and
   read-write binds of the state and cache directories only (StateDirectory=, CacheDirectory=);
-* then this module's ``__main__`` inside the sandbox: drops to the service account and its groups
+* then this module's ``__main__`` inside the sandbox: mounts /proc as ProtectProc= (other users'
+  processes hidden) and ProcSubset= would, drops to the service account and its groups
   (User=, Group=, SupplementaryGroups=; with no capabilities left, CapabilityBoundingSet=), sets
   no_new_privs (NoNewPrivileges=), the umask (UMask=0077), and loads a seccomp filter built with
   libseccomp from the unit's own SystemCallFilter= lines, as systemd expands them (EPERM for the rest,
   SystemCallErrorNumber=EPERM), and execs the command.
 
 The filter also allows socket() only for the unit's RestrictAddressFamilies=. What this cannot
-reproduce: cgroup device ACLs beyond the minimal /dev, ProtectKernel*/ProtectClock= (their system calls
-are already outside the filter) and MemoryDenyWriteExecute= (off in the unit).
+reproduce: cgroup device ACLs beyond the minimal /dev, and ProtectKernel*/ProtectClock= beyond their
+system calls (already outside the filter) and the read-only /proc/sys (read-only here anyway).
 """
 
 from __future__ import annotations
@@ -252,6 +253,24 @@ def service_env() -> dict[str, str]:
     }
 
 
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+def mount_private_proc(unit_text: str) -> None:
+    """/proc as the unit's ProtectProc= (hidepid) and ProcSubset= (subset) would mount it."""
+    options = []
+    protect = re.search(r"^ProtectProc=(\w+)$", unit_text, re.MULTILINE)
+    if protect and protect.group(1) != "default":
+        options.append(f"hidepid={protect.group(1)}")
+    if re.search(r"^ProcSubset=pid$", unit_text, re.MULTILINE):
+        options.append("subset=pid")
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if libc.mount(b"proc", b"/proc", b"proc", flags, ",".join(options).encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount proc (subset=pid): {os.strerror(err)}")
+
+
 def main(argv: list[str]) -> None:
     """Inside the sandbox, as root: become the service account, load the filter, exec the command."""
     sep = argv.index("--")
@@ -261,6 +280,7 @@ def main(argv: list[str]) -> None:
     allowed = unit_allowed_syscalls(unit_text)
     families = unit_address_families(unit_text)
     groups = [int(g) for g in opts["--groups"].split(",") if g]
+    mount_private_proc(unit_text)
     os.setgroups(groups)
     os.setresgid(int(opts["--gid"]), int(opts["--gid"]), int(opts["--gid"]))
     os.setresuid(int(opts["--uid"]), int(opts["--uid"]), int(opts["--uid"]))  # every capability goes with root
