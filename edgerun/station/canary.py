@@ -22,7 +22,7 @@ LIVE_STATES = ("running", "degraded", "online", "starting", "unknown")
 
 @dataclass(frozen=True)
 class CanaryPolicy:
-    max_failure_rate: float = 0.34  # rolled back or failed / canary nodes that tried
+    max_failure_rate: float = 0.34  # rolled back or refused as broken / canary nodes that tried
     min_fps_ratio: float = 0.7  # canary median fps / baseline median fps
     min_detection_ratio: float = 0.5  # canary median detections per frame / baseline's
     min_baseline_detection_rate: float = 0.05  # below this the baseline sees too little to compare with
@@ -53,7 +53,7 @@ def judge(
         took = node.model_version == version or outcome is not None
         if took:
             attempted += 1
-            failed += outcome in ("rolled_back", "failed")
+            failed += outcome is not None and outcome != "committed"
             if live and node.model_version == version:
                 if node.fps is not None:
                     canary_fps.append(node.fps)
@@ -70,7 +70,7 @@ def judge(
         rate = failed / attempted
         figures["failure_rate"] = round(rate, 3)
         if rate > policy.max_failure_rate:
-            return Verdict(True, f"{failed} of {attempted} canary nodes rolled back or failed v{version} "
+            return Verdict(True, f"{failed} of {attempted} canary nodes rolled back or could not run v{version} "
                                  f"({rate:.0%} > {policy.max_failure_rate:.0%})", figures)
     if canary_fps and base_fps:
         c, b = statistics.median(canary_fps), statistics.median(base_fps)

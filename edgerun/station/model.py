@@ -34,6 +34,8 @@ SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
 ]
 STATION_EVENTS_TOPIC = "edgerun/station/events"
 MAX_BOXES = 100
+# Rejections that are the release's fault (it does not open, warm up or hash), as opposed to policy or transport.
+RELEASE_FAULTS = frozenset({"warmup_failed", "bad_bundle", "hash_mismatch"})
 MAX_MEMBERS = 256
 
 
@@ -71,7 +73,7 @@ class NodeView:
     boxes_ts: float = 0.0
     trail: deque[tuple[float, float, float]] = field(default_factory=lambda: deque(maxlen=600))
     ota: dict[str, Any] = field(default_factory=dict)  # the last ota event
-    ota_outcomes: dict[int, str] = field(default_factory=dict)  # version -> committed | rolled_back | failed
+    ota_outcomes: dict[int, str] = field(default_factory=dict)  # version -> committed | rolled_back | rejected:<code>
     http: str = ""
     stopping: bool = False  # said "stopping" before going offline: a clean stop, not a death
     _metrics_prev: tuple[float, int, int] | None = None  # (node ts, frames, detections)
@@ -341,8 +343,11 @@ class FleetModel:
             version = doc.get("version")
             keep = {k: doc[k] for k in ("step", "version", "code", "reason") if isinstance(doc.get(k), (str, int))}
             node.ota = {**keep, "ts": now}
-            if isinstance(version, int) and step in ("committed", "rolled_back", "failed"):
-                node.ota_outcomes[version] = step
+            code = doc.get("code")
+            if isinstance(version, int) and (step in ("committed", "rolled_back") or (
+                    step == "rejected" and code in RELEASE_FAULTS)):
+                # A "failed" step is a link or disk problem, not the release's fault: it does not count here.
+                node.ota_outcomes[version] = step if step != "rejected" else f"rejected:{code}"
                 if len(node.ota_outcomes) > 16:
                     node.ota_outcomes.pop(min(node.ota_outcomes))
             text = f"ota {step}" + (f" v{version}" if isinstance(version, int) else "")

@@ -155,7 +155,7 @@ def test_a_healthy_canary_is_not_halted():
 def test_rollbacks_above_the_rate_halt():
     nodes = [node("a", 1, outcome="rolled_back"), node("b", 2, outcome="committed"), node("c", 1), node("d", 1)]
     verdict = judge("m", 2, nodes, NOW, 15.0, CanaryPolicy(max_failure_rate=0.34))
-    assert verdict.halt and verdict.reason.startswith("1 of 2 canary nodes rolled back or failed v2")
+    assert verdict.halt and verdict.reason.startswith("1 of 2 canary nodes rolled back or could not run v2")
     assert not judge("m", 2, nodes, NOW, 15.0, CanaryPolicy(max_failure_rate=0.5)).halt
 
 
@@ -198,3 +198,19 @@ def test_the_download_gate_stops_only_for_a_signed_step_that_drops_this_node(rel
     unsigned = Offer("x", halted.manifest, offer.manifest_sig, offer.keys, offer.keys_sig)
     assert halted_for(inside, offer, unsigned) is None
     assert halted_for("", offer, halted) is None  # no node id: no gate
+
+
+def test_a_release_that_will_not_warm_up_counts_and_a_dropped_download_does_not():
+    from edgerun.station.model import FleetModel
+
+    m = FleetModel()
+    for name, step, code in (("a", "rejected", "warmup_failed"), ("b", "failed", None), ("c", "committed", None)):
+        m.ingest(f"edgerun/{name}/metrics", json.dumps({"schema": "edgerun.metrics/1", "node": name, "ts": NOW,
+                 "summary": {"model": "m", "model_version": 2 if step == "committed" else 1}}).encode(), NOW)
+        event = {"schema": "edgerun.event/1", "node": name, "kind": "ota", "step": step, "version": 2}
+        if code:
+            event["code"] = code
+        m.ingest(f"edgerun/{name}/events", json.dumps(event).encode(), NOW)
+    assert m.nodes["a"].ota_outcomes == {2: "rejected:warmup_failed"} and m.nodes["b"].ota_outcomes == {}
+    verdict = judge("m", 2, m.nodes.values(), NOW, 15.0)
+    assert verdict.figures["attempted"] == 2 and verdict.figures["failed"] == 1 and verdict.halt
