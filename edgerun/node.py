@@ -198,6 +198,7 @@ class Node:
         self.fleet: FleetMember | None = None  # the swarm member when swarm.enabled
         self.last_pose: Pose | None = None  # the camera pose of the latest frame that had one
         self.pose_source: Any = None  # edgerun.sources.pose_mavlink.MavlinkPoseSource when source.pose is set
+        self.mcu: Any = None  # edgerun.mcu.bridge.McuBridge when mcu.enabled
         self.source: Source | None = None
         self._source_error = ""  # why the source did not open at start ("" when it did)
         self._starting: Failover | None = None  # the failover being opened by build, until it serves
@@ -463,6 +464,8 @@ class Node:
                 await self._start_pose()
             if self.cfg.swarm.enabled:
                 await self._start_fleet()
+            if self.cfg.mcu.enabled:
+                await self._start_mcu()
             # After the sinks: the failover's first event reports how the engines started.
             self.serving.serve(pipeline, failover)
             self._starting = None
@@ -556,6 +559,20 @@ class Node:
             return
         self.pose_source = pose
         self._services.push_async_callback(pose.stop)
+
+    async def _start_mcu(self) -> None:
+        """The MCU sensor node on its serial port: its detections go to this node's sinks as batches of their own."""
+        from edgerun.mcu.bridge import McuBridge
+
+        def publish(batch: DetectionBatch) -> None:
+            now = time.monotonic()
+            for sink in self.sinks:
+                sink.submit(batch, now)
+
+        bridge = McuBridge(self.cfg.mcu, self.node_id, publish)
+        await bridge.start()  # returns at once: the port is opened, and reopened, by its own task
+        self.mcu = bridge
+        self._services.push_async_callback(bridge.stop)
 
     async def _start_fleet(self) -> None:
         """Join the swarm: claims from this node's detections, fleet objects it owns on every sink."""

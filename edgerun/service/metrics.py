@@ -154,6 +154,9 @@ class NodeCollector:
         fleet = getattr(node, "fleet", None)
         if fleet is not None:
             yield from swarm_metrics(fleet)
+        mcu = getattr(node, "mcu", None)
+        if mcu is not None:
+            yield from mcu.collect()  # edgerun_mcu_*: link, drops by reason, the MCU's health
         updater = getattr(node, "updater", None)
         if updater is not None:
             try:  # installed.json is a few hundred bytes, read per scrape; a broken one is the updater's to report
