@@ -24,6 +24,8 @@ from swarm.dedup import (
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "edgerun" / "schema" / "object-v1.json").read_text())
 WALL0 = 1_795_000_000.0
+# No per-example deadline: the machine is shared, and a slow example is not a failure.
+UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def face(east: float, north: float, score: float = 0.8, sigma: float = 0.5) -> Observation:
@@ -59,6 +61,7 @@ claims_st = st.builds(
 
 
 @given(claims_st)
+@settings(UNTIMED)
 def test_claim_round_trips_and_is_small(claim: Claim) -> None:
     payload = encode_claim(claim)
     assert len(payload) <= 64
@@ -69,6 +72,7 @@ def test_claim_round_trips_and_is_small(claim: Claim) -> None:
 
 
 @given(st.binary(max_size=300))
+@settings(UNTIMED)
 def test_no_byte_string_makes_receive_raise(data: bytes) -> None:
     node = Dedup("observer", now=0.0)
     node.receive(data, 0.0)
@@ -81,6 +85,7 @@ def test_no_byte_string_makes_receive_raise(data: bytes) -> None:
         max_size=14,
     )
 )
+@settings(UNTIMED)
 def test_claim_shaped_garbage_is_dropped_as_invalid(fields: list) -> None:
     node = Dedup("observer", now=0.0)
     node.receive(msgspec.msgpack.encode([1, *fields]), 0.0)
@@ -111,7 +116,7 @@ def test_bad_payloads_counted_by_reason() -> None:
 
 
 @given(st.lists(claims_st, max_size=40, unique_by=lambda c: (c.node, c.track)), st.randoms(use_true_random=False))
-@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=150)
+@settings(UNTIMED, max_examples=150)
 def test_owner_order_is_total_and_the_same_on_every_node(claims: list[Claim], rnd: random.Random) -> None:
     keys = [owner_order(c) for c in claims]
     assert len(set(keys)) == len(keys)  # no two distinct claims tie: the order is total
@@ -433,7 +438,7 @@ ops_st = st.lists(
 
 
 @given(ops_st)
-@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=150)
+@settings(UNTIMED, max_examples=150)
 def test_any_input_sequence_keeps_the_invariants(ops: list) -> None:
     cfg = DedupConfig(max_tracks=8, max_claims_per_node=3, max_nodes=2, hold_s=0.5, window_s=20.0)
     node = Dedup("me", cfg, now=0.0)
