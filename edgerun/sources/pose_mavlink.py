@@ -117,7 +117,10 @@ class MavlinkPoseSource:
     """The latest camera pose from a MAVLink autopilot: ``await start()``, ``latest(t_capture)``, ``await stop()``."""
 
     def __init__(self, cfg: PoseConfig) -> None:
-        from pymavlink.dialects.v20 import common as mavlink  # the 'mavlink' extra; imported when used
+        try:
+            from pymavlink.dialects.v20 import common as mavlink  # the 'mavlink' extra; imported when used
+        except ImportError:
+            raise SourceError("source.pose: kind 'mavlink' needs pymavlink (pip install 'edgerun[mavlink]')") from None
 
         self.cfg = cfg
         self.link = parse_link_url(cfg.url)
@@ -190,7 +193,10 @@ class MavlinkPoseSource:
             self._drop("parser_error")
             return
         for msg in messages:
-            self._handle(msg, now)
+            try:
+                self._handle(msg, now)
+            except (ArithmeticError, TypeError, ValueError):  # a field pymavlink decoded but we cannot use
+                self._drop("bad_message")
 
     def _handle(self, msg: Any, now: float) -> None:
         kind = msg.get_type()
