@@ -94,23 +94,24 @@ def quaternion_angles(w: float, x: float, y: float, z: float) -> tuple[float, fl
 
 
 class _Samples:
-    """The last few (time, value) samples of one stream, in arrival order."""
+    """The last few (time, value) samples of one stream, in arrival order.
+
+    One deque of tuples, read through a snapshot: ``latest`` may run on another thread than ``feed``.
+    """
 
     def __init__(self) -> None:
-        self.times: deque[float] = deque(maxlen=_HISTORY)
-        self.values: deque[Any] = deque(maxlen=_HISTORY)
+        self.samples: deque[tuple[float, Any]] = deque(maxlen=_HISTORY)
 
     def add(self, t: float, value: Any) -> None:
-        self.times.append(t)
-        self.values.append(value)
+        self.samples.append((t, value))
 
     def nearest(self, t: float) -> tuple[float, Any] | None:
-        if not self.times:
+        samples = list(self.samples)
+        if not samples:
             return None
-        times = list(self.times)
-        i = bisect.bisect_left(times, t)
-        best = min((j for j in (i - 1, i) if 0 <= j < len(times)), key=lambda j: abs(times[j] - t))
-        return times[best], self.values[best]
+        i = bisect.bisect_left(samples, t, key=lambda s: s[0])
+        candidates = [samples[j] for j in (i - 1, i) if 0 <= j < len(samples)]
+        return min(candidates, key=lambda s: abs(s[0] - t))
 
 
 class MavlinkPoseSource:

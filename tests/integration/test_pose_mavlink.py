@@ -232,3 +232,18 @@ def test_a_link_that_cannot_open_is_one_clear_error() -> None:
 
     with pytest.raises(SourceError, match=r"^source\.pose: cannot open '/dev/edgerun-no-such-uart,57600': "):
         asyncio.run(main())
+
+
+def test_the_sample_nearest_the_capture_time_is_used() -> None:
+    """Sans-I/O: bytes fed with explicit receive times, no socket."""
+    source = MavlinkPoseSource(PoseConfig(kind="mavlink", origin=[LAT0, LON0]))
+    tx = mavlink.MAVLink(None, srcSystem=1, srcComponent=1)
+    for t, rel_alt, yaw in ((100.0, 10_000, 0.0), (100.5, 12_000, 20.0), (101.0, 14_000, 40.0)):
+        source.feed(tx.global_position_int_encode(0, round(LAT0 * 1e7), round(LON0 * 1e7), 0, rel_alt,
+                                                  0, 0, 0, 0).pack(tx), t)  # fmt: skip
+        source.feed(tx.attitude_encode(0, 0.0, 0.0, math.radians(yaw), 0.0, 0.0, 0.0).pack(tx), t)
+    picks = [source.latest(t) for t in (99.9, 100.2, 100.4, 100.9, 101.3)]
+    assert [(p.up_m, round(p.yaw_deg, 3)) for p in picks if p is not None] == [
+        (10.0, 0.0), (10.0, 0.0), (12.0, 20.0), (14.0, 40.0), (14.0, 40.0)
+    ]  # fmt: skip
+    assert source.latest(102.2) is None and source.stats["stale"] == 1  # attitude 1.2 s old (timeout 0.5 s)
