@@ -121,7 +121,10 @@ def prepare_ground(spec: str | None, extent: str | None, workdir: Path) -> tuple
 
 
 def cmd_station(args: argparse.Namespace) -> int:
+    from edgerun.cli import _setup_logging
     from edgerun.station.station import StationOptions
+
+    _setup_logging(args.log_level or "info")
 
     mqtt_host, mqtt_port = parse_hostport(args.mqtt, "--mqtt", 1883)
     bind_host, bind_port = parse_hostport(args.bind, "--bind", 8080)

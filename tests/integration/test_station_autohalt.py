@@ -45,7 +45,8 @@ def test_a_canary_with_an_fps_regression_is_halted_by_the_station(tmp_path, blaz
         mqtt_addr = f"127.0.0.1:{broker.port}"
         station = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "station", "--mqtt", mqtt_addr, "--bind", f"127.0.0.1:{free_port()}",
-             "--signing-key", str(key_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+             "--signing-key", str(key_file)],
+            stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
         )
         try:
             assert "rollout actions signed by release key" in station.stdout.readline()

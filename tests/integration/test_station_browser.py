@@ -347,7 +347,8 @@ def test_actions_are_refused_without_the_signing_key_or_a_confirmation(tmp_path)
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-             "--bind", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+             "--bind", f"127.0.0.1:{port}"],
+            stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
         )
         try:
             assert "read-only (no --signing-key)" in proc.stdout.readline()

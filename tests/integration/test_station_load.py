@@ -91,7 +91,8 @@ def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_pat
         port = free_port()
         station = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-             "--bind", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+             "--bind", f"127.0.0.1:{port}"],
+            stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
         )
         try:
             assert "station: http://127.0.0.1:" in station.stdout.readline()
