@@ -76,6 +76,7 @@ class NodeView:
     ota_outcomes: dict[int, str] = field(default_factory=dict)  # version -> committed | rolled_back | rejected:<code>
     http: str = ""
     stopping: bool = False  # said "stopping" before going offline: a clean stop, not a death
+    via_swarm: bool = False  # what we show comes from peers' gossip, not from the node's own messages
     _metrics_prev: tuple[float, int, int] | None = None  # (node ts, frames, detections)
     _metrics_version: int | None = None
 
@@ -96,7 +97,7 @@ class NodeView:
             "model_version": self.model_version, "fps": self.fps, "p99_ms": self.p99_ms, "dropped": self.dropped,
             "detection_rate": self.detection_rate, "swarm_seen": self.swarm_seen,
             "swarm_members": self.swarm_members[:32], "last_seen": self.last_seen, "pose": self.pose,
-            "footprint": self.footprint, "boxes": len(self.boxes), "ota": self.ota,
+            "footprint": self.footprint, "boxes": len(self.boxes), "ota": self.ota, "via_swarm": self.via_swarm,
         }
         if trail:
             out["trail"] = [[e, n] for _, e, n in self.trail]
@@ -233,6 +234,7 @@ class FleetModel:
         node = self._node(node_id, now)
         getattr(self, f"_{kind}")(node, doc, now)
         node.last_seen = now
+        node.via_swarm = False
         if kind != "swarm" and node.status != "online":
             node.status = "online"  # it speaks, so it is connected (its retained status may lag)
         self._dirty_nodes.add(node_id)
@@ -381,13 +383,38 @@ class FleetModel:
         meta_http = next((m["meta"].get("http") for m in out if m["name"] == node.id), None)
         if isinstance(meta_http, str) and HTTP_ADDRESS_RE.match(meta_http):
             node.http = meta_http
-        # A node with no camera pose yet is placed where its own metadata says it is.
-        if node.pose is None:
-            own = next((m["meta"] for m in out if m["name"] == node.id), {})
-            east, north = _num(own.get("east")), _num(own.get("north"))
+        # Member metadata is gossiped: it shows a node the broker does not hear (out of its reach, or no link).
+        for member in out:
+            target = node if member["name"] == node.id else None
+            if target is None and member["meta"] and member["state"] in ("alive", "suspect"):
+                try:
+                    target = self._node(member["name"], now)
+                except _Drop:
+                    continue
+                if target.status == "online" and now - target.last_seen <= self.stale_s:
+                    continue  # heard directly: its own messages are fresher than gossip
+                target.via_swarm = True
+                self._dirty_nodes.add(target.id)
+            if target is not None:
+                self._apply_meta(target, member["meta"])
+
+    @staticmethod
+    def _apply_meta(node: NodeView, meta: dict[str, Any]) -> None:
+        """Fill what the node's own messages have not told us (or told us longest ago) from its swarm metadata."""
+        if node.via_swarm:
+            node.model = _text(meta.get("model")) or node.model
+            version = meta.get("version")
+            if isinstance(version, int) and not isinstance(version, bool) and version > 0:
+                node.model_version = version
+            node.engine = _text(meta.get("engine")) or node.engine
+            node.fallback = bool(meta.get("fallback", node.fallback))
+            node.health = _text(meta.get("health")) or node.health
+            node.fps = _num(meta.get("fps")) if meta.get("fps") is not None else node.fps
+        if node.pose is None or node.via_swarm:
+            east, north = _num(meta.get("east")), _num(meta.get("north"))
             if east is not None and north is not None:
-                node.pose = {"east_m": east, "north_m": north, "up_m": _num(own.get("up")) or 0.0,
-                             "yaw_deg": _num(own.get("yaw")) or 0.0, "hfov_deg": _num(own.get("hfov")) or 60.0}
+                node.pose = {"east_m": east, "north_m": north, "up_m": _num(meta.get("up")) or 0.0,
+                             "yaw_deg": _num(meta.get("yaw")) or 0.0, "hfov_deg": _num(meta.get("hfov")) or 60.0}
 
     def _object(self, payload: bytes, now: float) -> None:
         doc = self._json(payload)

@@ -229,3 +229,24 @@ def test_a_silent_node_is_dead_only_when_live_peers_say_so():
     m.ingest("edgerun/d2/swarm", view("d2", {"d1": "alive", "d3": "dead"}), T0 + 13)
     assert m.snapshot(T0 + 14)["nodes"]["d3"]["state"] == "dead"
     assert m.snapshot(T0 + 14)["nodes"]["d1"]["state"] == "online"
+
+
+def test_a_node_the_broker_does_not_hear_is_shown_from_its_peers_gossip():
+    m = FleetModel(stale_s=10.0)
+    meta = {"model": "blazeface_short", "version": 2, "engine": "tflite", "fallback": True, "health": "degraded",
+            "fps": 7.5, "east": 3.0, "north": 4.0, "yaw": 90.0}
+    view = {"schema": "edgerun.swarm/1", "node": "d1", "members": [
+        {"name": "d1", "state": "alive", "incarnation": 1, "meta": {}},
+        {"name": "d9", "state": "alive", "incarnation": 4, "meta": meta}]}
+    m.ingest("edgerun/d1/detections", detections("d1"), T0)
+    m.ingest("edgerun/d1/swarm", json.dumps(view).encode(), T0)
+    d9 = m.snapshot(T0)["nodes"]["d9"]
+    assert d9["via_swarm"] and d9["state"] == "stale"
+    assert (d9["model"], d9["model_version"], d9["engine"], d9["fallback"], d9["fps"]) == (
+        "blazeface_short", 2, "tflite", True, 7.5)
+    assert d9["pose"]["east_m"] == 3.0 and d9["pose"]["yaw_deg"] == 90.0
+    m.ingest("edgerun/d9/detections", detections("d9", version=3), T0 + 1)  # heard directly again
+    d9 = m.snapshot(T0 + 1)["nodes"]["d9"]
+    assert not d9["via_swarm"] and d9["model_version"] == 3 and d9["state"] == "degraded"  # last health known
+    m.ingest("edgerun/d1/swarm", json.dumps(view).encode(), T0 + 2)  # gossip does not override fresh data
+    assert m.nodes["d9"].model_version == 3

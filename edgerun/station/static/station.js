@@ -155,7 +155,7 @@ function renderNodes() {
     const canary = cohortOf(nd.id);
     const swarm = nd.swarm_seen === null || nd.swarm_seen === undefined ? "-" : nd.swarm_seen;
     return `<tr data-id="${esc(nd.id)}" data-state="${esc(nd.state)}" class="state-${esc(nd.state)}">
-      <td>${esc(nd.id)}${canary ? `<span class="badge b-canary" title="in the ${canary.percent}% cohort of ${esc(canary.model)} v${canary.version}">canary</span>` : ""}</td>
+      <td>${esc(nd.id)}${nd.via_swarm ? '<span class="badge b-stale" title="not heard on the broker: from its peers\' gossip">via swarm</span>' : ""}${canary ? `<span class="badge b-canary" title="in the ${canary.percent}% cohort of ${esc(canary.model)} v${canary.version}">canary</span>` : ""}</td>
       <td><span class="badge b-${esc(nd.state)}">${esc(nd.state === "dead" ? "DEAD" : nd.state)}</span></td>
       <td>${esc(nd.health || "-")}${reasons ? ` <span class="muted">(${esc(reasons)})</span>` : ""}</td>
       <td>${esc(nd.engine || "-")}${nd.fallback ? '<span class="badge b-fallback">fallback</span>' : ""}</td>
