@@ -111,6 +111,11 @@ class SwarmAgent:
 
     # -- application interface ---------------------------------------------------------------------------------
 
+    @property
+    def keyring(self) -> Keyring:
+        """The live keyring: ``install``/``use``/``remove`` on it rotate keys while the agent runs."""
+        return self.transport.keyring
+
     def on_event(self, callback: EventCallback) -> None:
         self._callbacks.append(callback)
 

@@ -6,6 +6,8 @@ and TCP listeners share one port number, as in memberlist.
 
 Untrusted bytes never raise into the loop: an oversized, short, forged, replayed or otherwise malformed packet is
 dropped and counted in ``stats["dropped"][reason]``; the first drop of each reason is logged, the rest counted.
+Failures that are not a rejected packet (a refused or timed-out stream, an ICMP error, a send error) are plain
+counters beside bytes and packets in/out.
 ``loss`` drops that share of received datagrams on purpose (counted apart, as ``injected_loss``): the loopback
 stand-in for a lossy radio link where network namespaces and nftables are not available.
 """
@@ -41,7 +43,7 @@ class _DatagramProtocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         # ICMP port unreachable from a dead peer shows up here; the protocol notices the missing ack itself.
-        self._owner._count("icmp_error")
+        self._owner.counters["icmp_errors"] += 1
 
 
 class SwarmTransport:
@@ -129,7 +131,7 @@ class SwarmTransport:
         try:
             self._udp.sendto(packet, addr)
         except OSError:
-            self._count("send_error")
+            self.counters["send_errors"] += 1
             return
         self.counters["bytes_out"] += len(packet)
         self.counters["packets_out"] += 1
@@ -167,9 +169,9 @@ class SwarmTransport:
         try:
             return await asyncio.wait_for(self._exchange(addr, plaintext), timeout)
         except asyncio.TimeoutError:
-            self._count("stream_timeout")
+            self.counters["stream_timeouts"] += 1
         except (OSError, asyncio.IncompleteReadError):
-            self._count("stream_failed")
+            self.counters["stream_failures"] += 1
         finally:
             if task is not None:
                 self._clients.discard(task)
@@ -244,9 +246,9 @@ class SwarmTransport:
             await writer.drain()
             self.counters["bytes_out"] += len(frame)
         except asyncio.TimeoutError:
-            self._count("stream_timeout")
+            self.counters["stream_timeouts"] += 1
         except (OSError, asyncio.IncompleteReadError):
-            self._count("stream_failed")
+            self.counters["stream_failures"] += 1
         finally:
             if task is not None:
                 self._clients.discard(task)

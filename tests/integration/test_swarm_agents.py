@@ -197,7 +197,7 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
             # Rotation without a flag day: install everywhere, switch primary everywhere, remove the old key.
             for step in ("install", "use", "remove"):
                 for agent in agents:
-                    getattr(agent.transport.keyring, step)(new if step != "remove" else old)
+                    getattr(agent.keyring, step)(new if step != "remove" else old)
                 await asyncio.sleep(3 * timing.probe_interval_s)
             agents[1].queue_broadcast(b"claim", b"payload-2")
             await until(lambda: delivered("a0", b"payload-2") and delivered("a2", b"payload-2"), 20)
