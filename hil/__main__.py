@@ -1,4 +1,4 @@
-"""``python -m hil``: hardware-in-the-loop benchmarks over network namespaces."""
+"""``python -m hil``: HIL scenarios (``run``) and benchmarks (``swarm-bench``) in network namespaces."""
 
 from __future__ import annotations
 
@@ -25,12 +25,49 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="share of every second node n01 is SIGSTOPped after full membership (0.3: 300 ms)")
     bench.add_argument("--join-timeout", type=float, default=60.0)
     bench.add_argument("--detect-timeout", type=float, default=60.0)
+    run = commands.add_parser("run", help="fly a scenario with its faults, score it, write report.json/report.html")
+    run.add_argument("scenario", help="a scenario file, or the name of one in hil/scenarios/ (smoke, sar-5)")
+    run.add_argument("--out", type=Path, required=True, help="run directory (report, observations, node logs)")
+    run.add_argument("--loopback", action="store_true", help="loopback even where namespaces can be made")
+    run.add_argument("--ignore-control", action="append", default=[], metavar="NODE",
+                     help="(rig self-test) start NODE without --test-control behind a socket that ignores commands")
+    run.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    from hil.runner import run_scenario
+    from hil.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as err:
+        print(f"hil run: error: {err}", file=sys.stderr)
+        return err.exit_code
+    unknown = [n for n in args.ignore_control if n not in {node.id for node in scenario.nodes}]
+    if unknown:
+        print(f"hil run: error: --ignore-control: no node {unknown[0]!r} in {scenario.name}", file=sys.stderr)
+        return 2
+    from edgerun.errors import EdgerunError
+    from hil.netlab import NetLabError
+    from hil.rig import RigError
+
+    try:
+        return run_scenario(scenario, args.out, force_loopback=args.loopback,
+                            ignore_control=frozenset(args.ignore_control), progress=not args.quiet)
+    except EdgerunError as err:
+        print(f"hil run: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except (RigError, NetLabError) as err:
+        print(f"hil run: error: {err}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "run":
+        return _run_scenario(args)
     from hil.swarm_bench import format_table, run_swarm_bench
 
     try:

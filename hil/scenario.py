@@ -63,7 +63,7 @@ class SceneSpec(Section):
 class SwarmSpec(Section):
     radius_m: PositiveFloat = 2.0  # the demo scene's faces lie 3-6 m apart (edgerun.demo_swarm.DEMO_RADIUS_M)
     hold_s: NonNegFloat = 0.0
-    timing: dict[str, float] = msgspec.field(default_factory=dict)  # [swarm.timing] overrides for every node
+    timing: dict[str, int | float] = msgspec.field(default_factory=dict)  # [swarm.timing] overrides for every node
 
 
 class NetworkSpec(Section):
@@ -117,7 +117,7 @@ class CriteriaSpec(Section):
     min_batches_per_node: Annotated[int, msgspec.Meta(ge=0)] = 1
 
 
-class Scenario(Section):
+class Scenario(Section, kw_only=True):
     name: str
     duration_s: PositiveFloat
     description: str = ""
