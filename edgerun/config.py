@@ -237,7 +237,8 @@ class SwarmConfig(Section):
     # ... and when seen within this many seconds of each other; also how long a reported object is remembered.
     window_s: PositiveFloat = 60.0
     # Wait this long for neighbours' claims before reporting an object; 0: report at once, suppress later copies.
-    hold_s: NonNegFloat = 0.0
+    # 1.5 s: drones that find an object within a gossip round trip of each other report it once (README: Swarm).
+    hold_s: NonNegFloat = 1.5
     min_score: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0  # detections below this make no claim
     labels: list[str] = msgspec.field(default_factory=list)  # labels that make claims; empty: every label
     meta_interval_s: PositiveFloat = 2.0  # how often this member's metadata (pose, health, model) is refreshed

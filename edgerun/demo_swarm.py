@@ -97,7 +97,7 @@ def drone_configs(
     fps: float | None = None,
     seed: int = 1,
     radius_m: float = DEMO_RADIUS_M,
-    hold_s: float = 0.0,
+    hold_s: float | None = None,
 ) -> list[Drone]:
     """One node config per drone: a shared scene and swarm key, a flight and gossip port of its own."""
     key_file = out_dir / "swarm.key"
@@ -127,12 +127,13 @@ def drone_configs(
                 "seeds": [f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != k],
                 "key_file": str(key_file),
                 "radius_m": radius_m,
-                "hold_s": hold_s,
                 "labels": [TRUTH_LABEL],
             },
         }
         if fps is not None:
             cfg["source"]["fps"] = fps
+        if hold_s is not None:
+            cfg["swarm"]["hold_s"] = hold_s
         if model:
             cfg["model"] = {"bundle": model}
         if mqtt:

@@ -255,6 +255,11 @@ class Node:
 
     def _on_batch(self, batch: DetectionBatch) -> None:
         now = time.monotonic()
+        meta = batch.meta
+        if meta.pose is None and self.pose_source is not None:
+            meta.pose = self.pose_source.latest(meta.t_capture)  # the autopilot's pose at capture time
+        if meta.pose is not None:
+            self.last_pose = meta.pose
         stats = self.stats
         stats.published += 1
         stats.end_to_end.observe(now - batch.meta.t_capture)
@@ -264,11 +269,6 @@ class Node:
             self.health.mark_running()
         for sink in self.sinks:
             sink.submit(batch, now)
-        meta = batch.meta
-        if meta.pose is None and self.pose_source is not None:
-            meta.pose = self.pose_source.latest(meta.t_capture)  # the autopilot's pose at capture time
-        if meta.pose is not None:
-            self.last_pose = meta.pose
         if self.fleet is not None:
             self.fleet.observe(batch)
         for observe in self.observers:

@@ -156,11 +156,12 @@ class FleetMember:
         next_meta = 0.0
         while True:
             now, wall = time.monotonic(), time.time()
-            for key, payload in self.dedup.outgoing():
-                self.agent.queue_broadcast(key, payload)
+            # tick first: a claim it decides (reported, suppressed) goes out in this round, not the next
             for obj in self.dedup.tick(now, wall):
                 self.objects_published += 1
                 self._publish_object(obj.to_payload())
+            for key, payload in self.dedup.outgoing():
+                self.agent.queue_broadcast(key, payload)
             if now >= next_meta:
                 next_meta = now + self.cfg.meta_interval_s
                 self.agent.set_meta(encode_meta(self._meta()))
@@ -176,6 +177,10 @@ class FleetMember:
             self.dedup.receive(event.payload, time.monotonic())
             return
         member = event.member
+        if event.kind in ("join", "alive"):
+            self.dedup.resend_claims()  # a newcomer or a healed side has heard none of this node's claims
+        elif event.kind in ("dead", "leave"):
+            self.dedup.forget_node(member.name)  # its unreported objects go to another owner
         if event.kind in ("join", "dead", "leave", "refute", "suspect", "alive"):
             level = logging.WARNING if event.kind in ("dead", "suspect") else logging.INFO
             log.log(level, "swarm: %s %s (incarnation %d)", member.name, event.kind, member.incarnation)
