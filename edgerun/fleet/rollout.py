@@ -122,8 +122,8 @@ def decode_state(payload: bytes, trusted: dict[str, PublicKey] | None = None) ->
             by=str(raw.get("by", "")), ts=float(raw.get("ts", 0.0)),
             base_version=None if raw.get("base_version") is None else int(raw["base_version"]),
         )
-    except (KeyError, TypeError, binascii.Error, SignatureError, json.JSONDecodeError) as err:
-        raise ValueError(f"malformed rollout message ({err})") from None
+    except (KeyError, TypeError, ValueError, binascii.Error, SignatureError, RecursionError) as err:
+        raise ValueError(f"malformed rollout message ({type(err).__name__}: {err})"[:300]) from None
     if state.phase not in PHASES or not 0.0 <= state.percent <= 100.0:
         raise ValueError(f"rollout message: phase {state.phase!r} or percent {state.percent} out of range")
     sig = sigs[0]

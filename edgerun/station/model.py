@@ -184,7 +184,7 @@ class FleetModel:
     def _json(payload: bytes) -> Any:
         try:
             return msgspec.json.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # msgspec raises RecursionError on very deep nesting
             raise _Drop("malformed") from None
 
     def _node(self, node_id: str, now: float) -> NodeView:

@@ -126,9 +126,12 @@ class Station:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.options.tick_s)
-            delta = self.model.take_delta(time.time())
-            if delta is not None and self.clients:
-                self.broadcast("delta", delta)
+            try:
+                delta = self.model.take_delta(time.time())
+                if delta is not None and self.clients:
+                    self.broadcast("delta", delta)
+            except Exception:  # a bug here must not freeze every page
+                log.exception("station: building a delta failed")
 
     # -- rollouts -----------------------------------------------------------------------
 
@@ -170,20 +173,26 @@ class Station:
     async def _canary_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            now = time.time()
-            views = {}
-            for model in list(self.model.releases):
-                view = self.rollout_view(model, now)
-                if view is not None:
-                    views[model] = view
-                    await self._maybe_auto_halt(view, self.model.nodes.values())
-            self.rollouts = views
-            text = json.dumps(views, sort_keys=True, default=str)
-            if text != self._rollouts_json:
-                self._rollouts_json = text
-                self.broadcast("rollouts", {"rollouts": views, "read_only": self.read_only})
+            try:
+                await self._watch_rollouts()
+            except Exception:  # a bug here must not end the watch
+                log.exception("station: judging the rollouts failed")
 
-    async def _maybe_auto_halt(self, view: dict[str, Any], nodes: Any) -> None:
+    async def _watch_rollouts(self) -> None:
+        now = time.time()
+        views = {}
+        for model in list(self.model.releases):
+            view = self.rollout_view(model, now)
+            if view is not None:
+                views[model] = view
+                await self._maybe_auto_halt(view)
+        self.rollouts = views
+        text = json.dumps(views, sort_keys=True, default=str)
+        if text != self._rollouts_json:
+            self._rollouts_json = text
+            self.broadcast("rollouts", {"rollouts": views, "read_only": self.read_only})
+
+    async def _maybe_auto_halt(self, view: dict[str, Any]) -> None:
         if view.get("phase") == "halted":
             self._halting.discard((view["model"], view["version"]))  # judged again if it is promoted again
         if not self.options.auto_halt or view.get("phase") not in ("canary", "promoted") or "error" in view:

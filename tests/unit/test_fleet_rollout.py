@@ -214,3 +214,13 @@ def test_a_release_that_will_not_warm_up_counts_and_a_dropped_download_does_not(
     assert m.nodes["a"].ota_outcomes == {2: "rejected:warmup_failed"} and m.nodes["b"].ota_outcomes == {}
     verdict = judge("m", 2, m.nodes.values(), NOW, 15.0)
     assert verdict.figures["attempted"] == 2 and verdict.figures["failed"] == 1 and verdict.halt
+
+
+def test_a_deeply_nested_rollout_message_is_a_value_error():
+    deep = b"[" * 5000 + b"]" * 5000
+    env = json.dumps({"schema": "edgerun.rollout/1", "state": base64.b64encode(deep).decode(),
+                      "sig": SecretKey.generate().sign(deep).to_text()}).encode()
+    with pytest.raises(ValueError):
+        decode_state(env)
+    with pytest.raises(ValueError):
+        decode_state(b"[" * 8000 + b"]" * 8000)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgerun.station.footprint import footprint, pose_from_payload
 from edgerun.station.model import FleetModel, parse_object
@@ -250,3 +252,30 @@ def test_a_node_the_broker_does_not_hear_is_shown_from_its_peers_gossip():
     assert not d9["via_swarm"] and d9["model_version"] == 3 and d9["state"] == "degraded"  # last health known
     m.ingest("edgerun/d1/swarm", json.dumps(view).encode(), T0 + 2)  # gossip does not override fresh data
     assert m.nodes["d9"].model_version == 3
+
+
+def test_deeply_nested_json_is_dropped_not_raised():
+    m = FleetModel()
+    deep = b"[" * 120_000 + b"]" * 120_000
+    m.ingest("edgerun/d1/detections", deep, T0)
+    m.ingest("edgerun/fleet/objects", deep, T0)
+    assert m.dropped == {"malformed": 2}
+
+
+@settings(max_examples=500, deadline=None)
+@given(topic=st.sampled_from(["edgerun/d1/detections", "edgerun/d1/events", "edgerun/d1/status", "edgerun/d1/metrics",
+                              "edgerun/d1/swarm", "edgerun/fleet/objects", "edgerun/fleet/releases/m",
+                              "edgerun/fleet/rollouts/m", "edgerun/station/events", "x/y"]),
+       payload=st.one_of(st.binary(max_size=300), st.recursive(
+           st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20) | st.sampled_from(
+               ["edgerun.detections/1", "edgerun.metrics/1", "edgerun.swarm/1", "edgerun.object/1", "d1",
+                "health", "engine", "ota", "model", "alive", "dead", "failover", "rolled_back"]),
+           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.sampled_from(
+               ["schema", "node", "pose", "frame", "model", "detections", "box", "summary", "members", "meta",
+                "id", "label", "east_m", "north_m", "seen_by", "kind", "state", "reasons", "version", "ts"]),
+               kids, max_size=6), max_leaves=30).map(lambda v: json.dumps(v).encode())))
+def test_no_payload_makes_the_model_raise(topic, payload):
+    m = FleetModel()
+    m.ingest(topic, payload, T0)
+    m.take_delta(T0 + 1)
+    json.dumps(m.snapshot(T0 + 1), default=str)
