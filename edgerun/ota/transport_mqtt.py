@@ -77,7 +77,7 @@ def decode_release(payload: bytes, source: str) -> Offer:
         manifest = base64.b64decode(doc["manifest"], validate=True)
         keys = None if doc.get("keys") is None else base64.b64decode(doc["keys"], validate=True)
         manifest_sig, keys_sig = str(doc["manifest_sig"]), doc.get("keys_sig")
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, RecursionError) as err:
         raise TransportError(f"{source}: malformed release message ({err})") from None
     return Offer(source, manifest, manifest_sig, keys, None if keys_sig is None else str(keys_sig))
 

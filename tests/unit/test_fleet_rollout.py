@@ -224,3 +224,11 @@ def test_a_deeply_nested_rollout_message_is_a_value_error():
         decode_state(env)
     with pytest.raises(ValueError):
         decode_state(b"[" * 8000 + b"]" * 8000)
+
+
+def test_a_deeply_nested_release_message_is_a_transport_error_on_the_node():
+    from edgerun.ota.transport import TransportError
+    from edgerun.ota.transport_mqtt import decode_release
+
+    with pytest.raises(TransportError, match="malformed release message"):
+        decode_release(b"[" * 100_000 + b"]" * 100_000, "edgerun/fleet/releases/m")
