@@ -173,6 +173,15 @@ def bwrap_command(
             # This CI machine's Python lives under /root (pyenv); on a board it is /usr/bin/python3.
             top = Path(home, interpreter_home.relative_to(home).parts[0])
             args += ["--ro-bind", str(top), str(top)]
+    venv = Path(sys.prefix)
+    if venv != interpreter_home and any(venv.is_relative_to(hidden) for hidden in ("/tmp", "/root", "/home")):
+        # The installed venv's python links to the venv it was built from (a checkout under /tmp in CI).
+        # bwrap makes missing parents 0700, which the service account could not pass through.
+        hidden = next(Path(h) for h in ("/tmp", "/root", "/home") if venv.is_relative_to(h))
+        for parent in reversed(venv.parents):
+            if parent.is_relative_to(hidden) and parent != hidden:
+                args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--ro-bind", str(venv), str(venv)]
     parents = ["/opt", "/etc", "/var/lib", "/var/cache"]
     if journal_socket is not None:
         parents.append("/run/systemd" if Path("/run/systemd").is_dir() else "/run")
