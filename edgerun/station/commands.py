@@ -271,6 +271,21 @@ def _base_version(retained: dict[str, bytes], model: str) -> int | None:
         return None
 
 
+KEY_FILES = ("keys.json", "keys.json.minisig")
+
+
+def _check_keys_dir(keys: str) -> None:
+    for name in KEY_FILES:
+        if not (Path(keys) / name).is_file():
+            raise ConfigError(f"--keys {keys}: no {name} (make it with `edgerun ota keys` and `edgerun ota sign`)")
+
+
+def _copy_keys(keys: str, out: Path) -> None:
+    """The release key list goes with every release, so a node new to the fleet can check it."""
+    for name in KEY_FILES:
+        shutil.copyfile(Path(keys) / name, out / name)
+
+
 def cmd_fleet_publish(args: argparse.Namespace) -> int:
     from edgerun.fleet.rollout import RolloutState, default_salt
     from edgerun.models.bundle import load_bundle
@@ -280,10 +295,7 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     control, host, port = _control(args)
     if not 0.0 < args.percent <= 100.0:
         raise ConfigError(f"--percent: expected within (0, 100], got {args.percent:g}")
-    keys_dir = Path(args.keys)
-    for name in ("keys.json", "keys.json.minisig"):
-        if not (keys_dir / name).is_file():
-            raise ConfigError(f"--keys {keys_dir}: no {name} (make it with `edgerun ota keys` and `edgerun ota sign`)")
+    _check_keys_dir(args.keys)
     bundle = load_bundle(args.release)
     base = load_bundle(args.base) if args.base else None
     if args.fleet_seconds > 0:
@@ -300,8 +312,7 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     salt = args.salt if args.salt is not None else default_salt(bundle.name, bundle.version)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="edgerun-release-"))
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("keys.json", "keys.json.minisig"):
-        shutil.copyfile(keys_dir / name, out / name)
+    _copy_keys(args.keys, out)
     spec = ReleaseSpec(expires_days=args.expires_days, rollout_percent=args.percent, rollout_salt=salt)
     release = build_release(args.release, out, spec, base_path=args.base, key=control.key)
     m = release.manifest
@@ -337,6 +348,66 @@ def cmd_fleet_promote(args: argparse.Namespace) -> int:
 
 def cmd_fleet_halt(args: argparse.Namespace) -> int:
     return _step(args, 0.0, "halted", args.reason or "halted by the operator")
+
+
+def versioned_copy(bundle_path: str, version: int, out: Path) -> Path:
+    """A copy of a bundle under a new version number (a node's anti-rollback counter only lets versions go up)."""
+    from edgerun.models.bundle import MANIFEST, load_bundle, write_manifest
+    from edgerun.tomlfile import tomllib
+
+    bundle = load_bundle(bundle_path)
+    if not bundle.root.is_dir():
+        raise ConfigError(f"--to {bundle_path}: give the bundle directory, not a packed tar")
+    shutil.copytree(bundle.root, out)
+    manifest = tomllib.loads((out / MANIFEST).read_text())
+    manifest["version"] = version
+    manifest.get("provenance", {}).pop("sha256", None)  # the old digest names the old version
+    write_manifest(out, manifest)
+    return out
+
+
+def cmd_fleet_rollback(args: argparse.Namespace) -> int:
+    """Halt the current release and ship the old model's contents as the next version."""
+    from edgerun.fleet.rollout import RolloutState
+    from edgerun.models.bundle import load_bundle
+    from edgerun.ota.manifest import parse_manifest
+    from edgerun.ota.release import ReleaseSpec, build_release
+    from edgerun.ota.transport_mqtt import publish_release
+
+    control, host, port = _control(args)
+    if not 0.0 < args.percent <= 100.0:
+        raise ConfigError(f"--percent: expected within (0, 100], got {args.percent:g}")
+    _check_keys_dir(args.keys)
+    old = load_bundle(args.to)
+    args.model = args.model or old.name
+    model, offer, retained = _pick_model(args, host, port)
+    current = parse_manifest(offer.manifest)
+    if old.name != model:
+        raise ConfigError(f"--to is {old.name!r}, the release on the broker is {model!r}")
+    if current.rollout.percent > 0:
+        control.step(offer, 0.0, "halted", f"rolling back to v{old.version}'s model", "operator",
+                     _base_version(retained, model))
+        print(f"{model} v{current.version}: halted")
+    version = current.version + 1
+    work = Path(tempfile.mkdtemp(prefix="edgerun-rollback-"))
+    try:
+        bundle = versioned_copy(args.to, version, work / "bundle")
+        out = work / "release"
+        out.mkdir()
+        _copy_keys(args.keys, out)
+        salt = f"{model}-v{version}"
+        spec = ReleaseSpec(expires_days=args.expires_days, rollout_percent=args.percent, rollout_salt=salt)
+        release = build_release(bundle, out, spec, base_path=args.base, key=control.key)
+        publish_release(out, model, host, port)
+        phase = "complete" if args.percent >= 100 else "canary"
+        control.announce(RolloutState(model=model, version=version, percent=args.percent, salt=salt, phase=phase,
+                                      reason=f"rollback: v{old.version}'s model as v{version}", by="operator",
+                                      ts=time.time(), base_version=current.version))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"published {model} v{version} (the model of v{old.version}) to {args.percent:g}% of the fleet "
+          f"({release.manifest.target.size} bytes) on mqtt://{host}:{port}")
+    return 0
 
 
 def add_station_parsers(sub: Any) -> None:
@@ -390,4 +461,13 @@ def add_station_parsers(sub: Any) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--reason", default="")
     p.set_defaults(func=cmd_fleet_halt)
+    p = fsub.add_parser("rollback", help="halt the release and ship an older model as the next version")
+    common(p, True)
+    p.add_argument("--to", required=True, metavar="BUNDLE", help="the model to go back to (bundle directory)")
+    p.add_argument("--keys", required=True, metavar="DIR", help="directory with keys.json and keys.json.minisig")
+    p.add_argument("--percent", type=float, default=100.0)
+    p.add_argument("--base", default=None, help="the bundle being rolled back: ship a delta from it")
+    p.add_argument("--model", default=None)
+    p.add_argument("--expires-days", type=float, default=30.0)
+    p.set_defaults(func=cmd_fleet_rollback)
 

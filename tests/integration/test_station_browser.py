@@ -329,6 +329,18 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     assert versions == {"drone-1": 2, "drone-2": 1, "drone-3": 1}
     assert report["rollouts"]["blazeface_short"]["phase"] == "halted"
 
+    # -- roll back: v1's model ships as v3 to the whole fleet ------------------------------------------
+    rollback = subprocess.run(
+        [sys.executable, "-m", "edgerun", "fleet", "rollback", "--to", str(blazeface_bundle.root),
+         "--keys", str(rig["fleet"].release_dir), "--signing-key", str(rig["key_file"]),
+         "--mqtt", f"127.0.0.1:{broker_port}"], capture_output=True, text=True, timeout=120,
+    )
+    assert rollback.returncode == 0, rollback.stderr
+    assert "published blazeface_short v3 (the model of v1) to 100% of the fleet" in rollback.stdout
+    until(driver, "every node on v3",
+          lambda: {r["model"] for r in rows(driver).values()} == {"blazeface_short v3"}, rig, 150)
+    assert (page(driver, ROLLOUT_JS) or {}).get("phase") == "complete"
+
 
 def _get_ok(driver: Any, url: str) -> bool:
     try:
