@@ -154,10 +154,11 @@ function renderNodes() {
     const reasons = Object.entries(nd.reasons || {}).map(([k, v]) => `${k}: ${v}`).join("; ");
     const canary = cohortOf(nd.id);
     const swarm = nd.swarm_seen === null || nd.swarm_seen === undefined ? "-" : nd.swarm_seen;
+    const gone = ["dead", "stale", "stopped"].includes(nd.state);  // what the table shows is the last it heard
     return `<tr data-id="${esc(nd.id)}" data-state="${esc(nd.state)}" class="state-${esc(nd.state)}">
       <td>${esc(nd.id)}${nd.via_swarm ? '<span class="badge b-stale" title="not heard on the broker: from its peers\' gossip">via swarm</span>' : ""}${canary ? `<span class="badge b-canary" title="in the ${canary.percent}% cohort of ${esc(canary.model)} v${canary.version}">canary</span>` : ""}</td>
       <td><span class="badge b-${esc(nd.state)}">${esc(nd.state === "dead" ? "DEAD" : nd.state)}</span></td>
-      <td>${esc(nd.health || "-")}${reasons ? ` <span class="muted">(${esc(reasons)})</span>` : ""}</td>
+      <td>${gone ? '<span class="muted">last: ' : ""}${esc(nd.health || "-")}${gone ? "</span>" : ""}${reasons ? ` <span class="muted">(${esc(reasons)})</span>` : ""}</td>
       <td>${esc(nd.engine || "-")}${nd.fallback ? '<span class="badge b-fallback">fallback</span>' : ""}</td>
       <td class="model">${nd.model ? `${esc(nd.model)} v${esc(nd.model_version)}` : "-"}</td>
       <td class="num fps">${fmt(nd.fps)}</td><td class="num">${fmt(nd.p99_ms)}</td>
