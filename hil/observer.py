@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 TOPICS = ("edgerun/+/detections", "edgerun/+/events", "edgerun/fleet/objects", "edgerun/+/swarm",
@@ -111,7 +114,12 @@ def run_observer(broker: str, nodes: dict[str, str], out: Path, stop: threading.
                          protocol=MQTTProtocolVersion.MQTTv5)
     client.on_message, client.on_connect, client.on_disconnect = on_message, on_connect, on_disconnect
     client.reconnect_delay_set(0.2, 1.0)
-    client.connect_async(host or "127.0.0.1", int(port), keepalive=10)
+    # A session that outlives a broker restart (the broker persists it): what the nodes publish between the
+    # broker coming back and this client resubscribing is queued for it, not lost to the record.
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    client.connect_async(host or "127.0.0.1", int(port), keepalive=10, clean_start=MQTT_CLEAN_START_FIRST_ONLY,
+                         properties=props)
     client.loop_start()
     try:
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:

@@ -26,7 +26,7 @@ import tomli_w
 from edgerun.config import parse_config
 from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, free_port, write_swarm_key
 from edgerun.sinks.mosquitto import find_mosquitto
-from edgerun.testing.control import DEFAULT_SOCKET
+from edgerun.testing.control import DEFAULT_SOCKET, register_test_engines
 from hil import netlab
 from hil.fleet_release import FleetRelease
 from hil.scenario import NodeSpec, Scenario
@@ -180,11 +180,12 @@ class Rig:
             },
             "service": {"http_host": ip, "http_port": HTTP_PORT if self.lab else free_port(), "stall_s": 30.0},
             "ota": {"enabled": True, "state_dir": str(node_dir / "state"), "root_keys": [str(self.release.root_pub)],
-                    "mqtt": True, "health_window_s": 8.0, "latency_factor": 50.0},
+                    "mqtt": True, "poll_interval_s": 10.0, "health_window_s": 8.0, "latency_factor": 50.0},
             "swarm": {"enabled": True, "bind": f"{ip}:{port}", "seeds": seeds, "key_file": str(key_file),
                       "radius_m": scenario.swarm.radius_m, "hold_s": scenario.swarm.hold_s, "labels": [TRUTH_LABEL],
                       "timing": dict(scenario.swarm.timing)},
         }
+        register_test_engines()  # the nodes run in test mode: hilaccel is an engine key there
         parse_config(cfg)  # a bad node config fails here, before any process starts
         (node_dir / "node.toml").write_text(tomli_w.dumps(cfg))
         return Drone(k, spec.id, node_dir, cfg)

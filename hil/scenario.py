@@ -8,8 +8,10 @@ the command exits 2.
 
 from __future__ import annotations
 
+import re
+import typing
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -142,11 +144,31 @@ def parse_scenario(data: dict, *, source: str = "scenario") -> Scenario:
     try:
         scenario = msgspec.convert(data, Scenario)
     except msgspec.ValidationError as err:
+        if str(err).startswith("Invalid enum value"):
+            raise ScenarioError(f"{source}: {_enum_message(err, data)}") from None
         raise ScenarioError(f"{source}: {_message(err, data, Scenario)}") from None
     problem = _semantic_problem(scenario)
     if problem:
         raise ScenarioError(f"{source}: {problem}")
     return scenario
+
+
+def _enum_message(err: msgspec.ValidationError, data: dict) -> str:
+    """``faults[2].kind: expected one of ...``: the Literal's values, found through list items too."""
+    path = str(err).split("`$", 1)[1].rstrip("`") if "`$" in str(err) else ""
+    tp: Any = Scenario
+    value: Any = data
+    for name, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
+        if index:
+            tp = typing.get_args(tp)[0]
+            value = value[int(index)] if isinstance(value, list) else None
+            continue
+        tp = typing.get_type_hints(tp, include_extras=True)[name]
+        while typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+        value = value.get(name) if isinstance(value, dict) else None
+    choices = ", ".join(repr(v) for v in typing.get_args(tp))
+    return f"{path.lstrip('.')}: expected one of {choices}, got {value!r}"
 
 
 def load_scenario(path: str | Path) -> Scenario:

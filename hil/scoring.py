@@ -52,7 +52,12 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
     batches: dict[str, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
     objects: list[tuple[float, dict[str, Any]]] = []
     scrapes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    blind: list[tuple[float, float, str]] = []  # the observer was off the broker (a broker restart)
     for row in rows:
+        if row.get("observer") == "disconnected":
+            blind.append((float(row["t"]), t_end, "observer"))
+        elif row.get("observer") == "connected" and blind and blind[-1][1] == t_end:
+            blind[-1] = (blind[-1][0], float(row["t"]) + 1.0, "observer")
         if "scrape" in row:
             scrapes[row["scrape"]].append(row)
             continue
@@ -66,7 +71,7 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
     names = list(nodes_info) + [n for n in run.get("real_nodes", {}) if n not in nodes_info]
     fleet = _fleet_score(nodes_info, batches, objects, scenario)
     per_node = {name: _node_score(name, nodes_info.get(name, {}), batches[name], scrapes[name], faults,
-                                  local.get(name), t0, t_end) for name in names}
+                                  local.get(name), t0, t_end, blind) for name in names}
     failovers = _failovers(faults, batches)
     ota = _ota(run, faults, batches, names)
     result: dict[str, Any] = {
@@ -130,16 +135,8 @@ def _windows(faults: list[dict[str, Any]], node: str, t_end: float) -> list[tupl
 
 def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict[str, Any]]],
                 scrapes: list[dict[str, Any]], faults: list[dict[str, Any]], local: list[dict[str, Any]] | None,
-                t0: float, t_end: float) -> dict[str, Any]:
-    skews = [(f["t_start"], f.get("t_end") or t_end, f.get("skew_s", 0.0)) for f in faults
-             if f["kind"] == "clock_skew" and f.get("node") == name and f.get("t_start")]
-    latencies = []
-    for t, payload in batches:
-        ts = payload.get("ts")
-        if not isinstance(ts, (int, float)):
-            continue
-        skew = next((s for a, b, s in skews if a <= t <= b + 1.0), 0.0)
-        latencies.append((t - ts + skew) * 1000.0)
+                t0: float, t_end: float, blind: list[tuple[float, float, str]]) -> dict[str, Any]:
+    latencies = latencies_ms(batches, _skews(faults, name))
     exits = info.get("exits", [])
     starts = info.get("starts", [])
     times = sorted(t for t, _ in batches if t0 <= t <= t_end)
@@ -164,7 +161,7 @@ def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict
         if unexplained > 0:
             gaps.append((unexplained, a, b))
     worst = max(gaps, default=(0.0, t0, t0))
-    loss = _loss(batches, local, scrapes, exits) if local is not None else None
+    loss = _loss(batches, local, scrapes, exits, blind) if local is not None else None
     versions = [int((p.get("model") or {}).get("version") or 0) for _, p in batches]
     return {
         "batches": len(batches),
@@ -180,6 +177,24 @@ def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict
         "final_version": versions[-1] if versions else None,
         "loss": loss,
     }
+
+
+def _skews(faults: list[dict[str, Any]], node: str) -> list[float]:
+    return [f.get("skew_s", 0.0) for f in faults if f["kind"] == "clock_skew" and f.get("node") == node
+            and f.get("t_start")]
+
+
+def latencies_ms(batches: list[tuple[float, dict[str, Any]]], skews: list[float]) -> list[float]:
+    """Capture stamp to receive time; a stamp made under a declared clock skew has the skew taken out."""
+    out = []
+    for t, payload in batches:
+        ts = payload.get("ts")
+        if not isinstance(ts, (int, float)):
+            continue
+        raw = t - ts
+        # Which batches carry the skew is read from the stamps themselves: those the skew brings back near zero.
+        out.append(round(min([raw, *(raw + s for s in skews)], key=abs) * 1000.0, 1))
+    return out
 
 
 def _uncovered(a: float, b: float, windows: list[tuple[float, float, str]]) -> float:
@@ -200,17 +215,25 @@ def _uncovered(a: float, b: float, windows: list[tuple[float, float, str]]) -> f
 
 
 def _loss(batches: list[tuple[float, dict[str, Any]]], local: list[dict[str, Any]],
-          scrapes: list[dict[str, Any]], exits: list[dict[str, Any]]) -> dict[str, int]:
-    """Batches the node wrote locally that the broker never delivered, against what the node counted."""
+          scrapes: list[dict[str, Any]], exits: list[dict[str, Any]],
+          blind: list[tuple[float, float, str]]) -> dict[str, int]:
+    """Batches the node wrote locally that the broker never delivered, against what the node counted.
+
+    Batches captured while the observer itself was off the broker are ``observer_blind``, not lost: the
+    broker (mosquitto 2.0.11 here) does not keep the observer's session across its own restart, so what a
+    node delivers before the observer has resubscribed reaches no one.
+    """
     seen = {(p.get("seq"), p.get("ts")) for _, p in batches}
     kills = [e["t"] for e in exits if e.get("code") == -9]
-    missing = in_flight = 0
+    missing = in_flight = unseen = 0
     for row in local:
         if row.get("schema") != DETECTION_SCHEMA or (row.get("seq"), row.get("ts")) in seen:
             continue
         ts = float(row.get("ts") or 0.0)
         if any(k - KILL_IN_FLIGHT_S <= ts <= k for k in kills):
             in_flight += 1
+        elif any(a <= ts <= b for a, b, _ in blind):
+            unseen += 1
         else:
             missing += 1
     counted = 0
@@ -223,7 +246,8 @@ def _loss(batches: list[tuple[float, dict[str, Any]]], local: list[dict[str, Any
         previous = value
     counted += int(previous)
     return {"local": sum(1 for r in local if r.get("schema") == DETECTION_SCHEMA), "missing": missing,
-            "in_flight_at_kill": in_flight, "counted_dropped": counted, "unaccounted": max(0, missing - counted)}
+            "in_flight_at_kill": in_flight, "observer_blind": unseen, "counted_dropped": counted,
+            "unaccounted": max(0, missing - counted)}
 
 
 def _failovers(faults: list[dict[str, Any]], batches: dict[str, list[tuple[float, dict[str, Any]]]]) -> list[dict]:
@@ -268,7 +292,7 @@ def _series(t0: float, batches: dict[str, list[tuple[float, dict[str, Any]]]], o
     fps: dict[str, list[tuple[int, int]]] = {}
     version: dict[str, list[tuple[float, int]]] = {}
     for name, rows in batches.items():
-        latency[name] = [round((t - p["ts"]) * 1000.0, 1) for t, p in rows if isinstance(p.get("ts"), (int, float))]
+        latency[name] = latencies_ms(rows, _skews(faults, name))
         counts: dict[int, int] = defaultdict(int)
         for t, _ in rows:
             counts[math.floor(t - t0)] += 1

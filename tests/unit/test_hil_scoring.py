@@ -1,0 +1,167 @@
+"""Scoring a recorded HIL run, and the report drawn from it.
+
+The recorded run is written here by hand, field for field what the runner and the observer write
+(``run.json``, observation rows), over the real replayed scene: which faces a node had in view comes
+from the scene's geometry at each batch's frame number, as in a real run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from edgerun.config import parse_config
+from edgerun.demo_swarm import _truth_ground_points
+from edgerun.sources.replay import ReplaySource
+from hil.report import write_report
+from hil.scenario import parse_scenario
+from hil.scoring import score_records
+
+T0 = 1_000_000.0
+REPLAY = {"seed": 1, "width": 640, "height": 480, "path_offset_m": 0.0, "east_offset_m": 0.0}
+
+
+def scenario(**criteria):
+    return parse_scenario({"name": "rec", "duration_s": 40, "nodes": [{"id": "a"}, {"id": "b"}],
+                           "criteria": {"max_unexpected_exits": 0, **criteria}})
+
+
+def batch(node, seq, t, *, engine="tflite", version=1, latency_s=0.05):
+    payload = {"schema": "edgerun.detections/1", "node": node, "seq": seq, "ts": t - latency_s,
+               "frame": {"width": 640, "height": 480, "source": "replay"},
+               "model": {"name": "blazeface_short", "version": version, "engine": engine},
+               "latency_ms": 10.0, "detections": []}
+    return {"t": t, "topic": f"edgerun/{node}/detections", "payload": payload}
+
+
+def fleet_object(oid, east, north, owner="a", t=T0 + 5):
+    return {"t": t, "topic": "edgerun/fleet/objects",
+            "payload": {"schema": "edgerun.object/1", "id": oid, "label": "face", "east_m": east, "north_m": north,
+                        "owner": owner}}
+
+
+@pytest.fixture(scope="module")
+def truth():
+    source = ReplaySource(parse_config({"source": {"kind": "replay", "replay": REPLAY}}).source.replay)
+    source.open()
+    points = _truth_ground_points(source.scene)
+    source.close()
+    return points
+
+
+def recorded(truth, *, silence_b=(0, 0), objects=None, faults=(), b_engine=lambda t: "tflite",
+             b_version=lambda t: 1):
+    """Node a publishes frames 0..199 at 5 fps (four faces come into view); b likewise, except a gap."""
+    rows = []
+    for seq in range(200):
+        t = T0 + seq * 0.2
+        rows.append(batch("a", seq, t))
+        if not silence_b[0] <= seq * 0.2 < silence_b[1]:
+            rows.append(batch("b", seq, t, engine=b_engine(t), version=b_version(t)))
+    rows += objects if objects is not None else [fleet_object("o12", *truth[12]), fleet_object("o13", *truth[13])]
+    nodes = {n: {"replay": REPLAY, "starts": [T0 - 5], "exits": [{"t": T0 + 40.5, "code": 0, "expected": True,
+                                                                   "why": "stopped at the end of the run"}]}
+             for n in ("a", "b")}
+    run = {"scenario": "rec", "t0": T0, "t_end": T0 + 40, "mode": "netns", "nodes": nodes, "faults": list(faults)}
+    return run, rows
+
+
+def test_recall_duplicates_and_a_clean_run_pass(truth):
+    run, rows = recorded(truth)
+    result = score_records(run, rows, scenario(min_object_recall=0.5, max_duplicate_ratio=0.05, max_outage_s=2),
+                           local={})
+    fleet = result["fleet"]
+    assert fleet["objects_seen"] == 4 and {12, 13, 14} <= set(fleet["seen_truth"])  # in view in frames 0..199
+    assert fleet["objects_found"] == 2 and fleet["object_recall"] == 0.5
+    assert fleet["duplicate_reports"] == 0
+    assert result["per_node"]["a"]["latency_p50_ms"] == pytest.approx(50.0, abs=0.5)
+    assert result["verdict"]["passed"], result["verdict"]["line"]
+    assert result["verdict"]["line"].startswith("PASS rec")
+
+
+def test_a_second_report_of_one_target_is_a_duplicate_and_fails_by_how_much(truth):
+    east, north = truth[12]
+    objects = [fleet_object("o12", east, north), fleet_object("o12b", east + 0.5, north, owner="b"),
+               fleet_object("o13", *truth[13])]
+    run, rows = recorded(truth, objects=objects)
+    result = score_records(run, rows, scenario(max_duplicate_ratio=0.05), local={})
+    assert result["fleet"]["duplicate_reports"] == 1 and result["fleet"]["duplicate_ratio"] == 0.5
+    assert not result["verdict"]["passed"]
+    assert "duplicate_ratio 0.5 vs limit 0.05 (missed by 0.45)" in result["verdict"]["line"]
+
+
+def test_a_silence_the_faults_do_not_explain_fails_and_a_broker_restart_explains_it(truth):
+    run, rows = recorded(truth, silence_b=(10, 18))
+    result = score_records(run, rows, scenario(max_outage_s=5), local={})
+    b = result["per_node"]["b"]
+    assert b["max_outage_s"] == pytest.approx(8.2, abs=0.3) and b["max_outage_at_s"] == pytest.approx(9.8, abs=0.3)
+    assert re.search(r"max_outage_s \(b\) 8\.\d+ s vs limit 5 s \(missed by 3\.\d+ s\)", result["verdict"]["line"])
+
+    broker = {"index": 0, "kind": "broker_restart", "at_s": 9.5, "node": "", "t_start": T0 + 9.5,
+              "t_end": T0 + 16.5, "happened": True, "injectable": True, "detail": ""}
+    run, rows = recorded(truth, silence_b=(10, 18), faults=[broker])
+    result = score_records(run, rows, scenario(max_outage_s=5), local={})
+    assert result["per_node"]["b"]["max_outage_s"] < 1.0
+    assert result["verdict"]["passed"], result["verdict"]["line"]
+
+
+def test_failover_time_and_ota_convergence(truth):
+    hang = {"index": 0, "kind": "accelerator_hang", "at_s": 10, "node": "b", "t_start": T0 + 10, "t_end": T0 + 20,
+            "happened": True, "injectable": True, "detail": ""}
+    release = {"index": 1, "kind": "ota_release", "at_s": 25, "node": "", "version": 2, "t_start": T0 + 25,
+               "happened": True, "injectable": True, "detail": ""}
+    run, rows = recorded(truth, faults=[hang, release], silence_b=(10, 11.2),
+                         b_engine=lambda t: "tflite" if T0 + 10 <= t < T0 + 20 else "hilaccel",
+                         b_version=lambda t: 2 if t >= T0 + 31 else 1)
+    result = score_records(run, rows, scenario(max_failover_s=1.0, max_ota_convergence_s=30), local={})
+    assert result["failovers"] == [{"node": "b", "fault": 0, "kind": "accelerator_hang", "failover_s": 1.2}]
+    ota = result["ota"]
+    assert ota["per_node_s"]["b"] == pytest.approx(6.0, abs=0.01) and ota["per_node_s"]["a"] is None
+    assert ota["convergence_s"] is None  # node a never took v2
+    line = result["verdict"]["line"]
+    assert "failover_s b (fault 0) 1.2 s vs limit 1 s (missed by 0.2 s)" in line
+    assert "ota_convergence_s: not measured" in line and "nodes not on the new model at the end 1" in line
+
+
+def test_batches_lost_beyond_the_counted_drops_and_a_fault_that_did_not_happen(truth):
+    run, rows = recorded(truth)
+    ignored = {"index": 0, "kind": "camera_loss", "at_s": 5, "node": "a", "duration_s": 5, "t_start": T0 + 5,
+               "happened": False, "injectable": True,
+               "detail": "a kept publishing batches after its camera was taken away (ignored the command)"}
+    run["faults"] = [ignored]
+    observed = {(r["payload"]["seq"], r["payload"]["ts"]) for r in rows if r["payload"].get("node") == "a"}
+    local_a = [r["payload"] for r in rows if r["payload"].get("node") == "a"]
+    local_a += [{**local_a[-1], "seq": 500 + k, "ts": T0 + 30 + k} for k in range(3)]  # written, never delivered
+    assert len(observed) == 200
+    dropped = {'edgerun_sink_dropped_total{sink="mqtt"}': 1.0}
+    scrapes = [{"t": T0 + 39, "scrape": "a", "ok": True, "metrics": dropped}]
+    result = score_records(run, rows + scrapes, scenario(max_unaccounted_loss=0), local={"a": local_a, "b": []})
+    loss = result["per_node"]["a"]["loss"]
+    assert (loss["missing"], loss["counted_dropped"], loss["unaccounted"]) == (3, 1, 2)
+    line = result["verdict"]["line"]
+    assert "unaccounted_loss (batches) 2 vs limit 0" in line
+    assert "fault 0 camera_loss a happened: no (a kept publishing batches after its camera was taken away" in line
+
+
+def test_report_is_one_self_contained_page_with_every_plot(tmp_path, truth):
+    release = {"index": 0, "kind": "ota_release", "at_s": 25, "node": "", "version": 2, "t_start": T0 + 25,
+               "happened": True, "injectable": True, "detail": ""}
+    run, rows = recorded(truth, faults=[release], b_version=lambda t: 2 if t >= T0 + 31 else 1)
+    rows += [{"t": T0 + s, "scrape": n, "ok": True, "members": {"a": "alive", "b": "alive" if s < 20 else "suspect"},
+              "metrics": {}} for s in range(40) for n in ("a", "b")]
+    sc = scenario(min_object_recall=0.9)
+    result = score_records(run, rows, sc, local={})
+    page = write_report(tmp_path, sc, result)
+    text = page.read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    assert len(images) == 5  # latency CDF, fps, map, membership, OTA versions
+    assert all(base64.b64decode(b64)[:8] == b"\x89PNG\r\n\x1a\n" for b64 in images)
+    assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from a network
+    assert "object_recall" in text and "FAIL rec" in text  # recall 2/4 < 0.9
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["verdict"] == result["verdict"]
+    assert saved["series"]["alive_members"]["b"][-1] == [39.0, 1]
+    assert saved["series"]["version"]["b"][-1][1] == 2
