@@ -154,8 +154,12 @@ def test_suspicion_timeout_formula_is_memberlists() -> None:
     assert remaining_suspicion_time(5, 3, lo, hi) == lo
 
 
+# memberlist's SuspicionMult 4: two confirmations between the maximum and the minimum, to see the shrinking.
+SUSPICION_TIMING = SwarmTiming(suspicion_mult=4)
+
+
 def _suspected_member(n_members: int) -> Membership:
-    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(2))
+    a = Membership("a", addr(0), SUSPICION_TIMING, now=0.0, rng=random.Random(2))
     for i in range(1, n_members):
         deliver(a, Alive(name=f"p{i}", addr=addr(i), incarnation=1, meta=b""), now=0.0)
     deliver(a, Suspect(name="p1", incarnation=1, source="p2"), now=0.0)
@@ -177,9 +181,10 @@ def _death_time(a: Membership, confirm_from: list[str], step: float = 0.05) -> f
 
 def test_suspicion_starts_at_its_maximum_and_shrinks_with_independent_confirmations() -> None:
     n = 10
-    lo = suspicion_timeout(TIMING.suspicion_mult, n, TIMING.probe_interval_s)
-    hi = TIMING.suspicion_max_timeout_mult * lo
-    k = TIMING.suspicion_mult - 2
+    timing = SUSPICION_TIMING
+    lo = suspicion_timeout(timing.suspicion_mult, n, timing.probe_interval_s)
+    hi = timing.suspicion_max_timeout_mult * lo
+    k = timing.suspicion_mult - 2
     alone = _death_time(_suspected_member(n), [])
     one = _death_time(_suspected_member(n), ["p3"])
     two = _death_time(_suspected_member(n), ["p3", "p4"])
