@@ -82,7 +82,11 @@ TIME_ERROR = 5  # adjtimex(2): the kernel clock is not synchronised
 RETRY_MAX_S = 3600.0
 
 
-def clock_synchronised() -> bool | None:
+# systemd-timesyncd touches this file at every successful synchronisation (systemd-timesyncd.service(8)).
+TIMESYNC_FLAG = Path("/run/systemd/timesync/synchronized")
+
+
+def kernel_clock_synchronised() -> bool | None:
     """What the kernel says of NTP/PTP sync (adjtimex, read only); None where it cannot tell."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -93,6 +97,18 @@ def clock_synchronised() -> bool | None:
     if state < 0:
         return None
     return state != TIME_ERROR
+
+
+def clock_synchronised() -> bool | None:
+    """Whether the wall clock is synchronised; None where nothing can tell.
+
+    Under the hardened unit adjtimex is denied (ProtectClock= and ~@privileged both remove @clock),
+    so timesyncd's flag file is asked next.
+    """
+    kernel = kernel_clock_synchronised()
+    if kernel is not None:
+        return kernel
+    return True if TIMESYNC_FLAG.exists() else None
 
 
 def load_root_keys(entries: list[str]) -> list[PublicKey]:

@@ -90,21 +90,21 @@ def build_ssl_context(cfg: MqttSinkConfig) -> ssl.SSLContext | None:
         return None
     try:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.tls_ca or None)
+    except ssl.SSLError as err:  # first: SSLError is an OSError too
+        raise ConfigError(f"sinks.mqtt.tls_ca: {cfg.tls_ca} is not a PEM CA file ({err.reason or err})") from None
     except OSError as err:
         raise ConfigError(f"sinks.mqtt.tls_ca: cannot read {cfg.tls_ca} ({err.strerror or err})") from None
-    except ssl.SSLError as err:
-        raise ConfigError(f"sinks.mqtt.tls_ca: {cfg.tls_ca} is not a PEM CA file ({err.reason or err})") from None
     if cfg.tls_cert:
         try:
             ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
-        except OSError as err:
-            raise ConfigError(
-                f"sinks.mqtt.tls_cert: cannot read {cfg.tls_cert} or {cfg.tls_key} ({err.strerror or err})"
-            ) from None
-        except ssl.SSLError as err:
+        except ssl.SSLError as err:  # first: SSLError is an OSError too
             raise ConfigError(
                 f"sinks.mqtt.tls_cert: {cfg.tls_cert} and {cfg.tls_key} are not a PEM certificate and its key"
                 f" ({err.reason or err})"
+            ) from None
+        except OSError as err:
+            raise ConfigError(
+                f"sinks.mqtt.tls_cert: cannot read {cfg.tls_cert} or {cfg.tls_key} ({err.strerror or err})"
             ) from None
     if cfg.tls_insecure:
         ctx.check_hostname = False  # the chain is still verified; only the name check is skipped
