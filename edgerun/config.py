@@ -241,7 +241,9 @@ class SwarmConfig(Section):
     hold_s: NonNegFloat = 1.5
     min_score: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0  # detections below this make no claim
     labels: list[str] = msgspec.field(default_factory=list)  # labels that make claims; empty: every label
-    meta_interval_s: PositiveFloat = 2.0  # how often this member's metadata (pose, health, model) is refreshed
+    # How often this member's metadata (model, engine, health, camera position) is looked at; it is gossiped
+    # when something changed, the camera moved 5 m or turned 30 degrees, or 30 s after the last time.
+    meta_interval_s: PositiveFloat = 2.0
     timing: SwarmTimingConfig = msgspec.field(default_factory=SwarmTimingConfig)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -23,6 +24,10 @@ from edgerun.types import DetectionBatch
 log = logging.getLogger(__name__)
 
 SWARM_VIEW_SCHEMA = "edgerun.swarm/1"
+# When this member's metadata is gossiped again (see FleetMember._meta_changed).
+META_MOVE_M = 5.0
+META_TURN_DEG = 30.0
+META_REFRESH_S = 30.0
 
 
 def parse_hostport(text: str, what: str) -> tuple[str, int]:
@@ -86,6 +91,7 @@ class FleetMember:
         self._labels = set(cfg.labels)
         self.objects_published = 0
         self.view_listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._sent_meta: tuple[MemberMeta, float] | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -164,11 +170,35 @@ class FleetMember:
                 self.agent.queue_broadcast(key, payload)
             if now >= next_meta:
                 next_meta = now + self.cfg.meta_interval_s
-                self.agent.set_meta(encode_meta(self._meta()))
+                meta = self._meta()
+                if self._meta_changed(meta, now):
+                    self.agent.set_meta(encode_meta(meta))
+                    self._sent_meta = (meta, now)
                 view = self.view()
                 for listener in self.view_listeners:
                     listener(view)
             await asyncio.sleep(interval)
+
+    def _meta_changed(self, meta: MemberMeta, now: float) -> bool:
+        """Whether ``meta`` is worth gossiping: every update is a new incarnation sent to the whole swarm.
+
+        Model, engine, health changes go out at once; the camera's position when it moved more than
+        META_MOVE_M or turned more than META_TURN_DEG; fps and the rest with a refresh every META_REFRESH_S.
+        """
+        if self._sent_meta is None:
+            return True
+        last, at = self._sent_meta
+        if (meta.model, meta.version, meta.engine, meta.fallback, meta.health) != (
+            last.model, last.version, last.engine, last.fallback, last.health
+        ):
+            return True
+        if now - at >= META_REFRESH_S:
+            return True
+        if meta.east is None or last.east is None:
+            return meta.east is not last.east
+        moved = math.hypot(meta.east - last.east, (meta.north or 0.0) - (last.north or 0.0))
+        turned = abs(((meta.yaw or 0.0) - (last.yaw or 0.0) + 180.0) % 360.0 - 180.0)
+        return moved > META_MOVE_M or turned > META_TURN_DEG
 
     def _on_swarm_event(self, event: Any) -> None:
         from swarm.membership import UserBroadcast
