@@ -15,6 +15,7 @@ demo reads what the drones wrote (JSON Lines: detections and fleet objects) and 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ import numpy as np
 import tomli_w
 
 from edgerun.config import ReplayConfig, parse_config
-from edgerun.demo import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, iou_matrix
+from edgerun.demo import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, LocalListeners, iou_matrix
 from edgerun.sources.replay import ReplaySource
 
 OBJECT_SCHEMA = "edgerun.object/1"
@@ -145,6 +148,36 @@ def drone_configs(
         (drone_dir / "node.toml").write_text(tomli_w.dumps(cfg))
         result.append(Drone(k, node_id, drone_dir, cfg))
     return result
+
+
+@contextlib.contextmanager
+def ground_station(mqtt: str, seed: int, log_path: Path, timeout_s: float = 20.0) -> Iterator[str | None]:
+    """``edgerun station`` on the demo's broker, the scene under its map; yields its address (None if it failed)."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "edgerun", "station", "--mqtt", mqtt, "--bind", f"127.0.0.1:{port}",
+        "--ground", f"replay:{seed}", "--truth", f"replay:{seed}",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + timeout_s
+        answered = False
+        while not answered and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "api/snapshot", timeout=1):
+                    answered = True
+            except OSError:
+                time.sleep(0.2)
+        try:
+            yield url if answered else None
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def start_drones(drones: list[Drone], seconds: float) -> None:
@@ -441,9 +474,20 @@ def run_swarm_demo(
     radius_m: float = DEMO_RADIUS_M,
 ) -> dict[str, Any]:
     """Fly ``drones`` node processes for ``seconds`` and score what they published."""
-    from edgerun.demo import LocalListeners
-
     crew = drone_configs(out_dir, drones, model=model, mqtt=mqtt, dds=dds, fps=fps, radius_m=radius_m)
+    with contextlib.ExitStack() as stack:
+        if mqtt:
+            url = stack.enter_context(ground_station(mqtt, crew[0].replay.seed, out_dir / "station.log"))
+            if url:
+                print(f"edgerun demo: ground station on {url} (open it while the drones fly)", flush=True)
+            else:
+                print(f"edgerun demo: the ground station did not start; see {out_dir}/station.log", flush=True)
+        return _fly(crew, out_dir, seconds, mqtt=mqtt, dds=dds, live=live, radius_m=radius_m)
+
+
+def _fly(
+    crew: list[Drone], out_dir: Path, seconds: float, *, mqtt: str | None, dds: bool, live: bool, radius_m: float
+) -> dict[str, Any]:
     listeners = None
     if mqtt or dds:
         port = int(mqtt.rpartition(":")[2]) if mqtt and mqtt.startswith("127.0.0.1:") else None

@@ -692,6 +692,8 @@ class Node:
             "stage_ms_p50": {
                 name: round(s.latency.percentile_ms(50), 3) for name, s in stats.stages.items() if s.frames
             },
+            # where /healthz and /snapshot.jpg answer: the ground station shows a node's live frame from it
+            "http": f"{self.cfg.service.http_host}:{self.http_port}" if self.http_port else None,
         }
 
 
