@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench lint venv models system-deps clean firmware-test mcu-bench mcu-fuzz
+.PHONY: all demo test test-gpu bench lint venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil
 
 all: test
 
@@ -66,6 +66,14 @@ mcu-bench: $(INSTALLED)
 
 mcu-fuzz:
 	nice -n 15 $(MAKE) -C firmware_mcu fuzz-run FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+# Hardware-in-the-loop: the sar-5 scenario (5 drones, 3 minutes, faults; network namespaces need root,
+# else loopback). Exits non-zero when a pass criterion fails; the report says which and by how much.
+HIL_OUT ?= out/hil/sar-5
+hil: $(MODELS)
+	-@bash .ci/install-system-deps
+	nice -n 10 $(BIN)/python -m hil run sar-5 --out $(HIL_OUT); status=$$?; \
+	echo "HIL report: $(HIL_OUT)/report.html ($(HIL_OUT)/report.json)"; exit $$status
 
 clean:
 	rm -rf out bench-results .pytest_cache

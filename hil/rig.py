@@ -54,6 +54,7 @@ class SimNode:
     exits: list[dict[str, Any]] = field(default_factory=list)  # {"t", "code", "expected", "why"}
     expect_exit: str = ""  # why the next exit is planned ("" : it would be unexpected)
     ignore_control: bool = False  # started without --test-control; a stand-in socket answers and does nothing
+    replays: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (start wall time, [source.replay])
     _decoy: socket.socket | None = None
 
     @property
@@ -164,6 +165,7 @@ class Rig:
                 "reopen_backoff_s": 0.5,
                 "reopen_backoff_max_s": 2.0,
                 "replay": {"seed": scenario.scene.seed, "width": scenario.scene.width,
+                           "speed_mps": scenario.scene.speed_mps,
                            "height": scenario.scene.height, "path_offset_m": path_offset,
                            "east_offset_m": east_offset},
             },
@@ -268,6 +270,13 @@ class Rig:
         return self.out / "observations.jsonl"
 
     def start_node(self, node: SimNode) -> None:
+        replay = node.drone.config["source"]["replay"]
+        if node.starts:
+            # A drone that reboots in the air is further along its path, not back at its start.
+            flown = self.scenario.scene.speed_mps * (time.time() - node.starts[0])
+            replay["path_offset_m"] = round(node.replays[0][1]["path_offset_m"] + flown, 2)
+            (node.dir / "node.toml").write_text(tomli_w.dumps(node.drone.config))
+        node.replays.append((time.time(), dict(replay)))
         argv = [sys.executable, "-m", "edgerun", "run", "-c", str(node.dir / "node.toml")]
         if node.ignore_control:
             node._decoy = node._decoy or _decoy_control_socket(node.control_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 from hil.fleet_release import prepare_fleet_release
 from hil.live import LiveView
-from hil.rig import Rig
+from hil.rig import Rig, RigError
 from hil.scenario import Scenario
 from hil.timeline import Timeline
 
@@ -40,6 +41,10 @@ def run_scenario(scenario: Scenario, out: Path, *, force_loopback: bool = False,
     from hil.report import write_report
     from hil.scoring import score_run
 
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / "run.json").is_file() and not (out / "observations.jsonl").is_file():
+            raise RigError(f"{out} is not empty and holds no earlier HIL run: choose another --out")
+        shutil.rmtree(out)  # an earlier run's records and OTA state must not leak into this one
     out.mkdir(parents=True, exist_ok=True)
     repo = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
@@ -99,7 +104,8 @@ def _rig_record(rig: Rig, timeline: Timeline) -> dict[str, Any]:
         "t_release": timeline.t_release,
         "nodes": {
             node.id: {"ip": node.ip, "http": node.http_url, "starts": node.starts, "exits": node.exits,
-                      "replay": node.drone.config["source"]["replay"], "ignore_control": node.ignore_control,
+                      "replay": node.replays[0][1] if node.replays else node.drone.config["source"]["replay"],
+                      "replays": node.replays, "ignore_control": node.ignore_control,
                       "engines": node.spec.engines}
             for node in rig.nodes.values()
         },

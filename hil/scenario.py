@@ -58,6 +58,7 @@ class SceneSpec(Section):
     seed: int = 1  # the replayed scene and flight path (edgerun.sources.replay)
     targets: Annotated[int, msgspec.Meta(ge=0)] = 0  # ground-truth targets the fleet's flights cover; 0: not said
     fps: PositiveFloat = 5.0  # replay rate of every simulated node
+    speed_mps: PositiveFloat = 1.5  # flight speed along the shared path
     width: Annotated[int, msgspec.Meta(ge=64)] = 640
     height: Annotated[int, msgspec.Meta(ge=64)] = 480
 

@@ -98,16 +98,23 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
 
 def _fleet_score(nodes_info: dict[str, Any], batches: dict[str, list[tuple[float, dict[str, Any]]]],
                  objects: list[tuple[float, dict[str, Any]]], scenario: Scenario) -> dict[str, Any]:
-    drones = [Drone(k, name, Path("."), {"source": {"kind": "replay", "replay": info["replay"]}})
-              for k, (name, info) in enumerate(nodes_info.items())]
+    # One scored flight per process: a restarted node flies on from further along its path.
+    flights: dict[str, list[tuple[float, str]]] = {}
+    drones = []
+    for name, info in nodes_info.items():
+        replays = info.get("replays") or [[0.0, info["replay"]]]
+        for k, (start, replay) in enumerate(replays):
+            key = name if k == 0 else f"{name}#{k}"
+            drones.append(Drone(len(drones), key, Path("."), {"source": {"kind": "replay", "replay": replay}}))
+            flights.setdefault(name, []).append((float(start), key))
     if not drones:
         return {"fleet_objects": len({o["id"] for _, o in objects}), "object_recall": None, "duplicate_reports": 0,
                 "objects_seen": 0, "objects_found": 0, "duplicate_ratio": None, "targets_declared": 0}
     score = FleetScore(drones, scenario.swarm.radius_m)
     try:
-        for drone in drones:
-            for _, payload in batches.get(drone.node_id, []):
-                score.add(drone.node_id, payload)
+        for name, keys in flights.items():
+            for t, payload in batches.get(name, []):
+                score.add(next((key for start, key in reversed(keys) if start <= t), keys[0][1]), payload)
         for _, payload in objects:
             owner = str(payload.get("owner"))
             score.add(owner if owner in score.tallies else drones[0].node_id, payload)
