@@ -301,7 +301,12 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     if args.fleet_seconds > 0:
         # The delta only helps the nodes that run its base: say what the fleet runs before shipping one.
         fleet, _ = fleet_view(host, port, args.fleet_seconds)
-        running = Counter(n.model_version for n in fleet.nodes.values() if n.model == bundle.name)
+        now = time.time()
+        # A node that is gone runs nothing (its retained swarm view still names its model).
+        running = Counter(
+            n.model_version for n in fleet.nodes.values()
+            if n.model == bundle.name and n.state(now, fleet.stale_s) not in ("dead", "stopped")
+        )
         if running:
             print(f"the fleet runs {bundle.name} " + ", ".join(f"v{v} on {k} node(s)" for v, k in running.items()))
             if base is not None and base.version not in running:

@@ -5,9 +5,8 @@ turns dead (the broker's last will), and a halt issued on the page (with its con
 rollout: a node in the rollout's cohort that comes back after the halt stays on the old model while a
 node of the same cohort that was up took the new one.
 
-Fleet objects: until the node publishes ``edgerun/fleet/objects`` itself (the swarm issue wires dedup
-into the node), this test is the stand-in publisher: it sends schema-valid ``edgerun.object/1``
-messages into the real broker, checked against ``edgerun/schema/object-v1.json`` when that file exists.
+The three drones fly one replayed scene as a swarm (the demo's layout: the same path a few metres
+apart, gossiping under one key), so the fleet objects on the page are the ones their dedup reported.
 
 Set ``EDGERUN_STATION_SCREENSHOT=docs/station.png`` to keep the page's screenshot (the README's picture).
 """
@@ -24,12 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
+from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swarm_key
+from edgerun.demo_swarm import free_port as demo_free_port
 from edgerun.fleet.rollout import cohort_position
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from tests.conftest import free_port
-from tests.integration.brokers import REPO, collecting, wait_for
+from tests.integration.brokers import REPO, Collector, collecting, wait_for
 from tests.unit.test_ota_release import Fleet, head_variant
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -54,19 +56,29 @@ def cohort_salt() -> str:
 
 
 class Node:
-    def __init__(self, tmp: Path, name: str, seed: int, broker_port: int, fleet: Fleet) -> None:
-        self.name = name
+    def __init__(self, tmp: Path, index: int, broker_port: int, fleet: Fleet, swarm: dict[str, Any]) -> None:
+        self.name = name = NODES[index]
         self.http_port = free_port()
         self.log_path = tmp / f"{name}.log"
         self.config = tmp / f"{name}.toml"
         roots = json.dumps(fleet.root_pub_paths)
+        seeds = json.dumps([f"127.0.0.1:{p}" for j, p in enumerate(swarm["ports"]) if j != index])
         self.config.write_text(f"""[node]
 id = "{name}"
 [source]
 kind = "replay"
 fps = 5
 [source.replay]
-seed = {seed}
+seed = 1
+path_offset_m = {-SPACING_M * index}
+east_offset_m = {SIDE_STEP_M[index]}
+[swarm]
+enabled = true
+bind = "127.0.0.1:{swarm["ports"][index]}"
+seeds = {seeds}
+key_file = "{swarm["key"]}"
+radius_m = {DEMO_RADIUS_M}
+labels = ["face"]
 [engine]
 replicas = 1
 num_threads = 1
@@ -118,8 +130,10 @@ def rig(tmp_path, blazeface_bundle):
         try:
             station_port = free_port()
             station_log = tmp_path / "station.log"
-            for name, seed in zip(NODES, (1, 2, 4)):  # seeds whose flights start in different corners
-                nodes.append(Node(tmp_path, name, seed=seed, broker_port=broker.port, fleet=fleet))
+            swarm = {"key": tmp_path / "swarm.key", "ports": [demo_free_port() for _ in NODES]}
+            write_swarm_key(swarm["key"])
+            for index in range(len(NODES)):
+                nodes.append(Node(tmp_path, index, broker_port=broker.port, fleet=fleet, swarm=swarm))
             station = subprocess.Popen(
                 [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
                  "--bind", f"127.0.0.1:{station_port}", "--signing-key", str(key_file), "--truth", "replay:1",
@@ -184,20 +198,6 @@ def rows(driver: Any) -> dict[str, dict]:
     return {r["id"]: r for r in page(driver, ROWS_JS)}
 
 
-def fleet_objects(now: float) -> list[dict]:
-    """Stand-in for the nodes' fleet publisher (see the module docstring): three owned, deduplicated objects."""
-    return [
-        {"schema": "edgerun.object/1", "id": f"{0xA5A5000000000000 + i:016x}", "label": label, "east_m": east,
-         "north_m": north, "uncertainty_m": 0.8, "first_seen": now - 30 + i, "last_seen": now, "score": 0.9,
-         "owner": owner, "seen_by": seen, "ts": now}
-        for i, (label, east, north, owner, seen) in enumerate([
-            ("face", 12.0, 20.0, "drone-1", ["drone-1", "drone-2"]),
-            ("face", 24.5, 8.0, "drone-2", ["drone-2"]),
-            ("person", 30.0, 30.0, "drone-3", ["drone-1", "drone-2", "drone-3"]),
-        ])
-    ]
-
-
 def click_halt(driver: Any) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
@@ -218,10 +218,11 @@ def click_halt(driver: Any) -> None:
 
 @pytest.mark.timeout(420)
 def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, browser, tmp_path, blazeface_bundle):
-    import paho.mqtt.client as mqtt
 
     driver = browser
     broker_port = rig["broker"].port
+    # Every fleet object the drones report, from before their first frame (QoS 1, not retained).
+    reported = Collector(broker_port, ["edgerun/fleet/objects"]).start()
     until(driver, "the station answering", lambda: _get_ok(driver, rig["url"]), rig, 60)
 
     # -- nodes and their positions ------------------------------------------------------------------------
@@ -245,27 +246,20 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     assert page(driver, "return document.querySelectorAll('polygon.footprint').length") == 3
     assert page(driver, "return +document.getElementById('scalebar').dataset.metres") > 0
 
-    # -- fleet objects (stand-in publisher) ---------------------------------------------------------------
-    objects = fleet_objects(time.time())
-    if OBJECT_SCHEMA.exists():
-        import jsonschema
-
-        for obj in objects:
-            jsonschema.validate(obj, json.loads(OBJECT_SCHEMA.read_text()))
-    client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    client.connect("127.0.0.1", broker_port)
-    client.loop_start()
-    try:
-        for obj in objects:
-            client.publish("edgerun/fleet/objects", json.dumps(obj), qos=1).wait_for_publish(10)
-    finally:
-        client.disconnect()
-        client.loop_stop()
-    until(driver, "three fleet objects", lambda: len(page(driver, OBJECTS_JS)) == 3, rig)
+    # -- fleet objects, reported by the drones' own dedup ------------------------------------------------
+    until(driver, "fleet objects on the page", lambda: len(page(driver, OBJECTS_JS)) >= 2, rig, 120)
+    time.sleep(1.0)  # the page refreshes a few times a second
+    objects = {o["id"]: o for o in reported.json_on("edgerun/fleet/objects")}
+    reported.stop()
     shown = {o["id"]: o for o in page(driver, OBJECTS_JS)}
-    ids = [o["id"] for o in objects]
-    assert shown[ids[2]] == {"id": ids[2], "label": "person", "owner": "drone-3", "seen": 3}
-    assert shown[ids[0]]["seen"] == 2 and shown[ids[1]]["owner"] == "drone-2"
+    assert objects, "no fleet object reached the broker"
+    schema = json.loads(OBJECT_SCHEMA.read_text())
+    for obj in objects.values():
+        jsonschema.validate(obj, schema)
+    assert set(objects) <= set(shown), (objects, shown)  # every report reaches the page
+    for oid, obj in objects.items():
+        assert shown[oid] == {"id": oid, "label": "face", "owner": obj["owner"], "seen": len(obj["seen_by"])}
+    assert {o["owner"] for o in shown.values()} <= set(NODES)
 
     # -- snapshot on click: live from a node with a known address ---------------------------------------
     driver.execute_script("document.querySelector('#nodes tbody tr[data-id=\"drone-1\"]').click()")
