@@ -246,7 +246,8 @@ class FleetScore:
         self.radius_m = radius_m
         self.sources: dict[str, ReplaySource] = {}
         for drone in drones:
-            source = ReplaySource(drone.replay)
+            # The flight is a function of frame index / fps: score at the rate the drone flew (--fps).
+            source = ReplaySource(drone.replay, fps=parse_config(drone.config).source.fps)
             source.open()
             self.sources[drone.node_id] = source
         self.scene = next(iter(self.sources.values())).scene

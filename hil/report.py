@@ -80,10 +80,13 @@ def plot_map(result: dict[str, Any], radius_m: float) -> str:
     seen = set(fleet.get("seen_truth") or [])
     if truth.size:
         idx = np.arange(len(truth))
+        labels = fleet.get("truth_labels") or ["face"] * len(truth)
+        target = np.array([label == "face" for label in labels], bool)
         in_view = np.array([i in seen for i in idx], bool)
-        ax.scatter(truth[~in_view, 0], truth[~in_view, 1], s=30, facecolors="none", edgecolors="0.6",
-                   label="ground truth (never in view)")
-        ax.scatter(truth[in_view, 0], truth[in_view, 1], s=40, c="tab:blue", label="ground truth (in view)")
+        ax.scatter(truth[~target, 0], truth[~target, 1], s=18, marker="s", c="0.75", label="other scene object")
+        ax.scatter(truth[target & ~in_view, 0], truth[target & ~in_view, 1], s=40, facecolors="none",
+                   edgecolors="tab:blue", label="target (never in view)")
+        ax.scatter(truth[in_view, 0], truth[in_view, 1], s=40, c="tab:blue", label="target (in view)")
         for x, y in truth[in_view]:
             ax.add_patch(plt.Circle((x, y), radius_m, fill=False, color="tab:blue", alpha=0.25))
     objs = series["objects"]
@@ -191,7 +194,8 @@ def render_html(scenario: Scenario, result: dict[str, Any]) -> str:
     recall = fleet.get("object_recall")
     summary = (f"fleet objects {fleet.get('fleet_objects')}, object recall "
                f"{'n/a' if recall is None else f'{recall:.3f}'} ({fleet.get('objects_found')}/"
-               f"{fleet.get('objects_seen')} targets seen; {fleet.get('targets_declared')} declared), duplicate "
+               f"{fleet.get('objects_seen')} targets seen of {fleet.get('targets_in_scene')} in the scene, "
+               f"{fleet.get('targets_declared')} declared), duplicate "
                f"reports {fleet.get('duplicate_reports')}")
     if ota is not None:
         summary += f"; OTA v{ota['version']} convergence {_fmt(ota['convergence_s'])} s"

@@ -105,7 +105,8 @@ def _rig_record(rig: Rig, timeline: Timeline) -> dict[str, Any]:
         "nodes": {
             node.id: {"ip": node.ip, "http": node.http_url, "starts": node.starts, "exits": node.exits,
                       "replay": node.replays[0][1] if node.replays else node.drone.config["source"]["replay"],
-                      "replays": node.replays, "ignore_control": node.ignore_control,
+                      "replays": node.replays, "fps": node.drone.config["source"]["fps"],
+                      "ignore_control": node.ignore_control,
                       "engines": node.spec.engines}
             for node in rig.nodes.values()
         },

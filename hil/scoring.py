@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.demo_swarm import DETECTION_SCHEMA, OBJECT_SCHEMA, Drone, FleetScore, read_jsonl
+from edgerun.demo_swarm import DETECTION_SCHEMA, OBJECT_SCHEMA, TRUTH_LABEL, Drone, FleetScore, read_jsonl
 from hil.scenario import Scenario
 
 KILL_IN_FLIGHT_S = 3.0  # batches captured this close before a SIGKILL may die in the node's outbox, uncounted
@@ -105,7 +105,8 @@ def _fleet_score(nodes_info: dict[str, Any], batches: dict[str, list[tuple[float
         replays = info.get("replays") or [[0.0, info["replay"]]]
         for k, (start, replay) in enumerate(replays):
             key = name if k == 0 else f"{name}#{k}"
-            drones.append(Drone(len(drones), key, Path("."), {"source": {"kind": "replay", "replay": replay}}))
+            source = {"kind": "replay", "fps": info.get("fps", 15.0), "replay": replay}
+            drones.append(Drone(len(drones), key, Path("."), {"source": source}))
             flights.setdefault(name, []).append((float(start), key))
     if not drones:
         return {"fleet_objects": len({o["id"] for _, o in objects}), "object_recall": None, "duplicate_reports": 0,
@@ -120,6 +121,8 @@ def _fleet_score(nodes_info: dict[str, Any], batches: dict[str, list[tuple[float
             score.add(owner if owner in score.tallies else drones[0].node_id, payload)
         fleet = score.fleet()
         fleet["truth_points"] = score.truth_points.tolist()
+        fleet["truth_labels"] = list(score.scene.labels)
+        fleet["targets_in_scene"] = sum(1 for label in score.scene.labels if label == TRUTH_LABEL)
         fleet["seen_truth"] = sorted(score.seen_truth)
     finally:
         score.close()

@@ -35,7 +35,7 @@ def error_of(data) -> str:
 def test_shipped_scenarios_load():
     smoke, sar = load_scenario("smoke"), load_scenario("sar-5")
     assert [n.id for n in smoke.nodes] == ["drone-1", "drone-2"] and smoke.faults == []
-    assert len(sar.nodes) == 5 and sar.scene.targets == 8 and sar.duration_s == 180
+    assert len(sar.nodes) == 5 and sar.scene.targets == 15 and sar.duration_s == 180
     kinds = {f.kind for f in sar.faults}
     assert {"accelerator_hang", "partition", "broker_restart", "ota_release", "ota_power_cut", "kill"} <= kinds
     assert sar.criteria.min_object_recall == 0.9 and sar.criteria.max_duplicate_ratio == 0.05

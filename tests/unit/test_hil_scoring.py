@@ -135,12 +135,16 @@ def test_batches_lost_beyond_the_counted_drops_and_a_fault_that_did_not_happen(t
     observed = {(r["payload"]["seq"], r["payload"]["ts"]) for r in rows if r["payload"].get("node") == "a"}
     local_a = [r["payload"] for r in rows if r["payload"].get("node") == "a"]
     local_a += [{**local_a[-1], "seq": 500 + k, "ts": T0 + 30 + k} for k in range(3)]  # written, never delivered
+    # ... and one captured while the observer itself was off the broker: not seen, but not counted as lost.
+    local_a.append({**local_a[-1], "seq": 600, "ts": T0 + 20.5})
+    rows = rows + [{"t": T0 + 20, "observer": "disconnected"}, {"t": T0 + 22, "observer": "connected"}]
     assert len(observed) == 200
     dropped = {'edgerun_sink_dropped_total{sink="mqtt"}': 1.0}
     scrapes = [{"t": T0 + 39, "scrape": "a", "ok": True, "metrics": dropped}]
     result = score_records(run, rows + scrapes, scenario(max_unaccounted_loss=0), local={"a": local_a, "b": []})
     loss = result["per_node"]["a"]["loss"]
     assert (loss["missing"], loss["counted_dropped"], loss["unaccounted"]) == (3, 1, 2)
+    assert loss["observer_blind"] == 1 and loss["local"] == 204
     line = result["verdict"]["line"]
     assert "unaccounted_loss (batches) 2 vs limit 0" in line
     assert "fault 0 camera_loss a happened: no (a kept publishing batches after its camera was taken away" in line
