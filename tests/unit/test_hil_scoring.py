@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,34 @@ def test_report_is_one_self_contained_page_with_every_plot(tmp_path, truth):
     assert saved["verdict"] == result["verdict"]
     assert saved["series"]["alive_members"]["b"][-1] == [39.0, 1]
     assert saved["series"]["version"]["b"][-1][1] == 2
+
+
+def test_faults_a_real_board_cannot_take_are_listed_not_failed(truth):
+    from types import SimpleNamespace
+
+    from hil.live import LiveView
+    from hil.timeline import Timeline
+
+    sc = parse_scenario({
+        "name": "bench", "duration_s": 40, "broker": {"address": "10.0.0.2:1883"},
+        "nodes": [{"id": "a"}, {"id": "board", "address": "http://10.0.0.7:8089"}],
+        "faults": [{"at_s": 5, "kind": "kill", "node": "board", "duration_s": 3},
+                   {"at_s": 6, "kind": "partition", "groups": [["a"], ["board"]], "duration_s": 3},
+                   {"at_s": 7, "kind": "broker_restart", "duration_s": 2},
+                   {"at_s": 8, "kind": "ota_release"}],
+    })
+    rig = SimpleNamespace(scenario=sc, lab=None, mode_reason="an external broker (real boards)", nodes={})
+    timeline = Timeline(rig, LiveView(Path("/nonexistent")))  # type: ignore[arg-type]
+    reasons = [(r.injectable, r.why_not) for r in timeline.records]
+    assert reasons[0] == (False, "board is a real board: driven over MQTT and HTTP only (no control socket, "
+                                 "no signals)")
+    assert reasons[1] == (False, "no network namespaces (an external broker (real boards))")
+    assert reasons[2] == (False, "the broker is external (broker.address): the rig does not own it")
+    assert reasons[3] == (True, "")  # an OTA release reaches a board over MQTT
+    run, rows = recorded(truth)
+    run["faults"] = [r.to_json() for r in timeline.records[:3]]
+    result = score_records(run, rows, scenario(), local={})
+    assert len(result["not_injectable"]) == 3
+    assert result["not_injectable"][0] == ("kill at 5 s on board: board is a real board: driven over MQTT and HTTP "
+                                           "only (no control socket, no signals)")
+    assert result["verdict"]["passed"], result["verdict"]["line"]
