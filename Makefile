@@ -24,14 +24,15 @@ $(MODELS): $(INSTALLED) edgerun/models/demo.py
 
 models: $(MODELS)
 
-# Debian packages the integration tests run for real (mosquitto, minisign); needs root or sudo.
+# Debian packages the tests run for real (.ci/install-system-deps says which and why); needs root or sudo.
 system-deps:
 	bash .ci/install-system-deps
 
-# Publishes locally: JSON Lines, MQTT to a private mosquitto on a free loopback port, DDS on loopback;
-# listeners in other processes count what arrives. Without mosquitto (no root to install it) it still runs.
+# Three drones as a swarm, publishing locally: JSON Lines, MQTT to a private mosquitto on a free loopback
+# port (the ground station on it), DDS on loopback; listeners in other processes count what arrives.
+# Without mosquitto (no root to install it) it still runs.
 demo: $(MODELS)
-	-@bash .ci/install-system-deps
+	-@bash .ci/install-system-deps demo
 	$(BIN)/edgerun demo --seconds 20 --out out/demo --local-broker --dds
 
 test: $(MODELS) system-deps
