@@ -66,6 +66,7 @@ class SceneSpec(Section):
 class SwarmSpec(Section):
     radius_m: PositiveFloat = 2.0  # the demo scene's faces lie 3-6 m apart (edgerun.demo_swarm.DEMO_RADIUS_M)
     hold_s: NonNegFloat = 0.0
+    window_s: PositiveFloat = 60.0  # how long the swarm remembers a reported object (swarm.window_s)
     timing: dict[str, int | float] = msgspec.field(default_factory=dict)  # [swarm.timing] overrides for every node
 
 
