@@ -35,6 +35,10 @@ class Interrupted(Exception):
     """Ctrl-C or SIGTERM: stop early, still report."""
 
 
+class StartupFailed(Exception):
+    """A node never published: the scenario cannot start; reported as a failed run."""
+
+
 def run_scenario(scenario: Scenario, out: Path, *, force_loopback: bool = False,
                  ignore_control: frozenset[str] = frozenset(), progress: bool = True) -> int:
     """Run ``scenario`` into ``out``; returns the exit code (0: every criterion holds, 1: some failed, 130: cut)."""
@@ -66,6 +70,8 @@ def run_scenario(scenario: Scenario, out: Path, *, force_loopback: bool = False,
             except (KeyboardInterrupt, Interrupted):
                 interrupted = True
                 _line("interrupted: tearing down, writing a partial report", progress, final=True)
+            except StartupFailed as err:
+                run_info["startup_error"] = str(err)
             finally:
                 timeline.finish()
                 run_info["t_end"] = time.time()
@@ -126,7 +132,8 @@ def _wait_for_fleet(rig: Rig, live: LiveView, progress: bool) -> float:
         if not waiting:
             return time.time()
         if time.monotonic() > deadline:
-            raise RuntimeError(f"nodes {waiting} published nothing within {STARTUP_TIMEOUT_S:.0f} s; see node.log")
+            raise StartupFailed(f"{', '.join(waiting)} published nothing within {STARTUP_TIMEOUT_S:.0f} s "
+                                "(see nodes/*/node.log)")
         if time.monotonic() - shown >= (0.5 if sys.stderr.isatty() else 10.0):
             shown = time.monotonic()
             _line(f"[{rig.scenario.name}] starting: waiting for {', '.join(waiting)}", progress)

@@ -92,6 +92,9 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
         "series": _series(t0, batches, objects, scrapes, nodes_info, faults, fleet),
     }
     result["criteria"] = check_criteria(result, scenario)
+    if run.get("startup_error"):
+        result["criteria"].insert(0, {"name": "the fleet started", "limit": True, "value": False, "passed": False,
+                                      "missed_by": None, "unit": "", "detail": run["startup_error"]})
     result["verdict"] = verdict(result["criteria"], scenario.name, result["interrupted"])
     return result
 
