@@ -348,8 +348,8 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
     parser.add_argument("--heal-at", type=float, default=None, help="heal the partition then")
     parser.add_argument("--starve", type=int, default=0, help="members whose CPU stalls (timers fire late)")
     parser.add_argument("--no-drones", action="store_true", help="membership only, no targets and dedup")
-    # 1.5 s: what an edgerun node runs with ([swarm] hold_s), not the library's decide-at-once 0
-    parser.add_argument("--hold-s", type=float, default=1.5, help="dedup hold time (default 1.5, the node's)")
+    # 2.5 s: what an edgerun node runs with ([swarm] hold_s), not the library's decide-at-once 0
+    parser.add_argument("--hold-s", type=float, default=2.5, help="dedup hold time (default 2.5, the node's)")
     parser.add_argument("--suspicion-mult", type=int, default=None, help="override SwarmTiming.suspicion_mult")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
