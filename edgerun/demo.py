@@ -190,6 +190,25 @@ def write_flight_images(cfg: Config, chooser: FrameChooser, out_dir: Path, sheet
     return ["snapshot.png", "contact_sheet.png"]
 
 
+def add_demo_settings(
+    data: dict[str, Any], *, model: str | None, mqtt: str | None, dds: bool, fps: float | None
+) -> None:
+    """The demo's model (fetched when not cached), replay rate and local sinks, into a node config's data."""
+    if fps is not None:
+        data["source"]["fps"] = fps
+    if not model:
+        from edgerun.models.demo import ensure_demo_bundle
+
+        # The demo may fetch its bundle; a node started by `edgerun run` never does.
+        model = str(ensure_demo_bundle().root)
+    data["model"] = {"bundle": model}
+    if mqtt:
+        host, _, port = mqtt.rpartition(":")
+        data["sinks"]["mqtt"] = {"enabled": True, "host": host or "127.0.0.1", "port": int(port)}
+    if dds:
+        data["sinks"]["dds"] = {"enabled": True}
+
+
 def demo_config(
     out_dir: Path | None,
     model: str | None = None,
@@ -204,19 +223,7 @@ def demo_config(
         "sinks": {"jsonl": {"path": str(out_dir / "detections.jsonl") if out_dir else "-"}},
         "service": {"http_port": 0 if http_port is None else http_port},
     }
-    if fps is not None:
-        data["source"]["fps"] = fps
-    if not model:
-        from edgerun.models.demo import ensure_demo_bundle
-
-        # The demo may fetch its bundle; a node started by `edgerun run` never does.
-        model = str(ensure_demo_bundle().root)
-    data["model"] = {"bundle": model}
-    if mqtt:
-        host, _, port = mqtt.rpartition(":")
-        data["sinks"]["mqtt"] = {"enabled": True, "host": host or "127.0.0.1", "port": int(port)}
-    if dds:
-        data["sinks"]["dds"] = {"enabled": True}
+    add_demo_settings(data, model=model, mqtt=mqtt, dds=dds, fps=fps)
     return parse_config(data)
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import tomli_w
 
 from edgerun.config import ReplayConfig, parse_config
-from edgerun.demo import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, LocalListeners, iou_matrix
+from edgerun.demo import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, LocalListeners, add_demo_settings, iou_matrix
 from edgerun.sources.replay import ReplaySource
 
 OBJECT_SCHEMA = "edgerun.object/1"
@@ -133,17 +133,9 @@ def drone_configs(
                 "labels": [TRUTH_LABEL],
             },
         }
-        if fps is not None:
-            cfg["source"]["fps"] = fps
         if hold_s is not None:
             cfg["swarm"]["hold_s"] = hold_s
-        if model:
-            cfg["model"] = {"bundle": model}
-        if mqtt:
-            host, _, port = mqtt.rpartition(":")
-            cfg["sinks"]["mqtt"] = {"enabled": True, "host": host or "127.0.0.1", "port": int(port)}
-        if dds:
-            cfg["sinks"]["dds"] = {"enabled": True}
+        add_demo_settings(cfg, model=model, mqtt=mqtt, dds=dds, fps=fps)
         parse_config(cfg)  # a bad demo config fails here, before any process starts
         (drone_dir / "node.toml").write_text(tomli_w.dumps(cfg))
         result.append(Drone(k, node_id, drone_dir, cfg))
