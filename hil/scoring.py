@@ -395,6 +395,8 @@ def verdict(checks: list[dict[str, Any]], name: str, interrupted: bool = False) 
     passed = not failed and not interrupted
     if passed:
         line = f"PASS {name}: all {len(checks)} criteria hold"
+    elif not failed:
+        line = f"FAIL {name} (interrupted: partial run): the {len(checks)} criteria held until it was cut short"
     else:
         cut = " (interrupted: partial run)" if interrupted else ""
         line = f"FAIL {name}{cut}: {len(failed)} of {len(checks)} criteria failed: " + "; ".join(parts)

@@ -201,3 +201,13 @@ def test_faults_a_real_board_cannot_take_are_listed_not_failed(truth):
     assert result["not_injectable"][0] == ("kill at 5 s on board: board is a real board: driven over MQTT and HTTP "
                                            "only (no control socket, no signals)")
     assert result["verdict"]["passed"], result["verdict"]["line"]
+
+
+def test_an_interrupted_run_never_passes():
+    from hil.scoring import verdict
+
+    held = [{"name": "object_recall", "limit": 0.9, "value": 0.95, "passed": True, "missed_by": None, "unit": ""}]
+    assert verdict(held, "sar-5")["passed"]
+    cut = verdict(held, "sar-5", interrupted=True)
+    assert not cut["passed"]
+    assert cut["line"] == "FAIL sar-5 (interrupted: partial run): the 1 criteria held until it was cut short"
