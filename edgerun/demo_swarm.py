@@ -371,7 +371,7 @@ def side_by_side(drones: list[Drone], seq: int, path: Path) -> None:
     """Every drone's view at frame ``seq``, side by side: detections green, ground truth blue."""
     tiles = []
     for drone in drones:
-        source = ReplaySource(drone.replay)
+        source = ReplaySource(drone.replay, fps=parse_config(drone.config).source.fps)
         source.open()
         cfg = drone.replay
         image = np.zeros((cfg.height, cfg.width, 3), np.uint8)
