@@ -543,6 +543,17 @@ class Dedup:
                 newest = max(newest, c.last_ms)
         return track.last_wall * 1000.0 - newest > self.cfg.memory_slack_s * 1000.0
 
+    def flush(self, now: float, wall: float) -> list[FleetObject]:
+        """Decide every held track at once (this node is leaving the swarm): what it owns is reported, not lost.
+
+        A peer's claim that comes first still wins: the tracks whose object a peer owns stay unreported.
+        """
+        hold = self.cfg.hold_s
+        for track in self._tracks.values():
+            track.created = min(track.created, now - hold)
+        self._changed = True
+        return self.tick(now, wall)
+
     def outgoing(self) -> list[tuple[bytes, bytes]]:
         """Claims to gossip: (key, payload) pairs for ``Membership.queue_broadcast``."""
         out = list(self._outbox.items())

@@ -116,6 +116,13 @@ class FleetMember:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self.dedup is not None and self.agent is not None:
+            # Leaving: report what this node still holds and owns, and tell the swarm before going.
+            for obj in self.dedup.flush(time.monotonic(), time.time()):
+                self.objects_published += 1
+                self._publish_object(obj.to_payload())
+            for key, payload in self.dedup.outgoing():
+                self.agent.queue_broadcast(key, payload)
         if self.agent is not None:
             await self.agent.stop(leave=True)
 

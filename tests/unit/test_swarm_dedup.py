@@ -226,6 +226,19 @@ def test_hold_zero_reports_at_once_and_suppresses_later_duplicates() -> None:
     assert b.stats.suppressed == 1 and b.stats.objects_reported == 0
 
 
+def test_flush_reports_held_objects_this_node_owns_and_leaves_a_peers_to_it() -> None:
+    a, b = Dedup("a", DedupConfig(hold_s=10.0), now=0.0), Dedup("b", DedupConfig(hold_s=10.0), now=0.0)
+    a.observe([face(3.0, 3.0, score=0.6)], 0.0, WALL0)  # b's better claim of this one comes first
+    a.observe([face(20.0, 3.0, score=0.6)], 0.0, WALL0)  # only a has seen this one
+    b.observe([face(3.2, 3.0, score=0.9)], 0.0, WALL0)
+    assert a.tick(0.0, WALL0) == [] and b.tick(0.0, WALL0) == []  # held; their claims are queued
+    exchange(a, b, now=0.1)
+    assert a.tick(1.0, WALL0 + 1.0) == []
+    reported = a.flush(1.0, WALL0 + 1.0)
+    assert [(o.east_m, o.owner) for o in reported] == [(20.0, "a")]
+    assert a.flush(1.1, WALL0 + 1.1) == []  # once
+
+
 def test_outside_the_radius_or_the_window_is_another_object() -> None:
     cfg = DedupConfig(radius_m=5.0, sigma_gate=2.0, window_s=30.0)
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
