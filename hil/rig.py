@@ -25,7 +25,7 @@ import tomli_w
 
 from edgerun.config import parse_config
 from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, free_port, write_swarm_key
-from edgerun.sinks.mosquitto import find_mosquitto
+from edgerun.sinks.mosquitto import _give_to_broker_user, find_mosquitto
 from edgerun.testing.control import DEFAULT_SOCKET, register_test_engines
 from hil import netlab
 from hil.fleet_release import FleetRelease
@@ -220,7 +220,7 @@ class Rig:
             "log_type warning",
             "log_type notice",
         ]) + "\n")
-        _give_to_mosquitto_user(workdir)
+        _give_to_broker_user([workdir])
         with (workdir / "mosquitto.log").open("ab") as log:
             self.broker_proc = self._spawn(self.broker_node, [binary, "-c", str(conf)], stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=log)
@@ -383,17 +383,6 @@ class Rig:
 
 def _repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
-
-
-def _give_to_mosquitto_user(path: Path) -> None:
-    """Started as root, mosquitto drops to its own user, which must write its persistence file here."""
-    if os.geteuid() != 0:
-        return
-    import pwd
-
-    with contextlib.suppress(KeyError):
-        entry = pwd.getpwnam("mosquitto")
-        os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
 def _decoy_control_socket(path: Path) -> socket.socket:
