@@ -1,0 +1,115 @@
+"""The node's test-control socket (edgerun/testing/control.py): what each command does, over a real unix socket,
+and that a node started without ``--test-control`` has neither the socket nor the ``hilaccel`` engine key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from edgerun.config import parse_config
+from edgerun.errors import SourceError
+from edgerun.ota.store import CRASH_ENV
+from edgerun.sources.replay import ReplaySource
+from edgerun.testing.control import ACCELERATOR_PLAN, ControlServer
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def control(tmp_path):
+    source = ReplaySource(parse_config({"source": {"kind": "replay", "replay": {"width": 160, "height": 120}}})
+                          .source.replay)
+    source.open()
+    server = ControlServer(SimpleNamespace(node_id="n1", source=source), tmp_path / "c.sock")
+    yield server, source
+    server.set_skew(0.0)
+    ACCELERATOR_PLAN.clear()
+    os.environ.pop(CRASH_ENV, None)
+    source.close()
+
+
+def test_camera_goes_and_comes_back(control):
+    server, source = control
+    image = np.zeros((120, 160, 3), np.uint8)
+    assert source.read(image, 0) is not None
+    server.handle({"cmd": "camera", "present": False})
+    with pytest.raises(SourceError, match="camera disconnected"):
+        source.read(image, 1)
+    with pytest.raises(SourceError):
+        source.open()  # the pipeline's reopen fails too while it is gone
+    assert server.handle({"cmd": "state"})["camera_present"] is False
+    server.handle({"cmd": "camera", "present": True})
+    assert source.read(image, 2) is not None
+
+
+def test_clock_skew_moves_the_wall_clock_and_back(control):
+    server, _ = control
+    server.handle({"cmd": "clock_skew", "seconds": 30})
+    assert time.time() - time.monotonic() == pytest.approx(server_offset() + 30, abs=0.5)
+    server.handle({"cmd": "clock_skew", "seconds": 0})
+    assert time.time() - time.monotonic() == pytest.approx(server_offset(), abs=0.5)
+
+
+def server_offset() -> float:
+    from edgerun.testing import control as module
+
+    return module._real_time() - time.monotonic()
+
+
+def test_accelerator_and_power_cut_commands_arm_the_faults(control):
+    server, _ = control
+    assert server.handle({"cmd": "accelerator", "mode": "raise"})["accelerator"] == "raise"
+    assert server.handle({"cmd": "accelerator", "mode": "clear"})["accelerator"] == "ok"
+    assert server.handle({"cmd": "ota_crash_at", "step": "staged"})["ota_crash_at"] == "staged"
+    assert os.environ[CRASH_ENV] == "staged"
+    with pytest.raises(ValueError, match="unknown OTA step 'lunch'"):
+        server.handle({"cmd": "ota_crash_at", "step": "lunch"})
+    with pytest.raises(ValueError, match="unknown fault mode 'melt'"):
+        server.handle({"cmd": "accelerator", "mode": "melt"})
+    with pytest.raises(ValueError, match="unknown command 'dance'"):
+        server.handle({"cmd": "dance"})
+
+
+def test_the_socket_answers_one_json_line_and_refuses_garbage(control):
+    server, _ = control
+
+    async def exchange(payload: bytes) -> dict:
+        reader, writer = await asyncio.open_unix_connection(str(server.path))
+        writer.write(payload)
+        await writer.drain()
+        line = await reader.readline()
+        writer.close()
+        return json.loads(line)
+
+    async def main() -> list[dict]:
+        await server.start()
+        try:
+            assert oct(server.path.stat().st_mode & 0o777) == "0o600"
+            return [await exchange(p) for p in (b'{"cmd": "ping"}\n', b"not json\n", b"[1, 2]\n",
+                                                  b'{"cmd": "camera"}\n')]
+        finally:
+            await server.stop()
+
+    ping, garbage, array, missing = asyncio.run(main())
+    assert ping == {"ok": True, "node": "n1", "pid": os.getpid()}
+    assert garbage["ok"] is False and array == {"ok": False, "error": "expected a JSON object"}
+    assert missing == {"ok": False, "error": "'present'"}
+    assert not server.path.exists()
+
+
+def test_without_test_control_the_accelerator_key_does_not_exist(tmp_path):
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('[engine]\norder = ["hilaccel", "tflite"]\n')
+    result = subprocess.run([sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"edgerun: error: {cfg}: engine.order[0]: expected one of ")
+    assert lines[0].endswith("got 'hilaccel'")
