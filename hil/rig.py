@@ -184,10 +184,12 @@ class Rig:
             "ota": {"enabled": True, "state_dir": str(node_dir / "state"), "root_keys": [str(self.release.root_pub)],
                     "mqtt": True, "poll_interval_s": 10.0, "health_window_s": 8.0, "latency_factor": 50.0},
             "swarm": {"enabled": True, "bind": f"{ip}:{port}", "seeds": seeds, "key_file": str(key_file),
-                      "radius_m": scenario.swarm.radius_m, "hold_s": scenario.swarm.hold_s,
-                      "window_s": scenario.swarm.window_s, "labels": [TRUTH_LABEL],
+                      "radius_m": scenario.swarm.radius_m, "labels": [TRUTH_LABEL],
                       "timing": dict(scenario.swarm.timing)},
         }
+        for key in ("hold_s", "window_s"):  # left out: the node's own default
+            if getattr(scenario.swarm, key) is not None:
+                cfg["swarm"][key] = getattr(scenario.swarm, key)
         register_test_engines()  # the nodes run in test mode: hilaccel is an engine key there
         parse_config(cfg)  # a bad node config fails here, before any process starts
         (node_dir / "node.toml").write_text(tomli_w.dumps(cfg))

@@ -65,8 +65,8 @@ class SceneSpec(Section):
 
 class SwarmSpec(Section):
     radius_m: PositiveFloat = 2.0  # the demo scene's faces lie 3-6 m apart (edgerun.demo_swarm.DEMO_RADIUS_M)
-    hold_s: NonNegFloat = 0.0
-    window_s: PositiveFloat = 60.0  # how long the swarm remembers a reported object (swarm.window_s)
+    hold_s: NonNegFloat | None = None  # swarm.hold_s; None: the node's default
+    window_s: PositiveFloat | None = None  # how long the swarm remembers a reported object; None: the node's default
     timing: dict[str, int | float] = msgspec.field(default_factory=dict)  # [swarm.timing] overrides for every node
 
 
