@@ -52,7 +52,7 @@ bench: $(MODELS)
 	$(BIN)/edgerun bench --table bench-results/blazeface_short.json bench-results/pose_detector.json
 
 lint: $(INSTALLED)
-	$(BIN)/ruff check edgerun tests
+	$(BIN)/ruff check edgerun swarm hil tests
 
 # MCU firmware (firmware_mcu/): C tests under ASan/UBSan (also run by `make test` through pytest),
 # the serial-link benchmark against edgelink-sim, and the decoder fuzzer (FUZZ_SECONDS, default 300).
