@@ -14,7 +14,6 @@ demo reads what the drones wrote (JSON Lines: detections and fleet objects) and 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -64,10 +63,9 @@ def free_port() -> int:
 
 
 def write_swarm_key(path: Path) -> None:
-    from swarm.keyring import generate_key
+    from swarm.keyring import Keyring, generate_key
 
-    path.write_text(base64.b64encode(generate_key()).decode() + "\n")
-    path.chmod(0o600)
+    Keyring([generate_key()]).save(path)
 
 
 @dataclass
