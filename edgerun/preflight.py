@@ -118,9 +118,10 @@ def check_swarm(cfg: Config) -> None:
     """The swarm key file (missing, unreadable, wrong size) and the gossip addresses, each naming its key."""
     if not cfg.swarm.enabled:
         return
-    from edgerun.fleet.service import load_swarm_keyring, parse_hostport
+    from edgerun.fleet.service import load_swarm_keyring, parse_hostport, swarm_timing
 
     load_swarm_keyring(cfg.swarm.key_file)
+    swarm_timing(cfg.swarm)
     parse_hostport(cfg.swarm.bind, "swarm.bind")
     for i, seed in enumerate(cfg.swarm.seeds):
         parse_hostport(seed, f"swarm.seeds[{i}]")

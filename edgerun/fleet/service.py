@@ -9,6 +9,7 @@ gossip interval the objects this node owns are published to the fleet topic thro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -20,6 +21,10 @@ from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
 from edgerun.types import DetectionBatch
+from swarm.config import SwarmTiming
+from swarm.dedup import Dedup, DedupConfig, Observation
+from swarm.geo import CameraPose, project_boxes
+from swarm.membership import UserBroadcast
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +42,14 @@ def parse_hostport(text: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def swarm_timing(cfg: SwarmConfig) -> Any:
+def swarm_timing(cfg: SwarmConfig) -> SwarmTiming:
     """swarm.config.SwarmTiming with the configured overrides (0 keeps memberlist's LAN default)."""
-    import dataclasses
-
-    from swarm.config import SwarmTiming
-
-    overrides = {name: value for name, value in msgspec_fields(cfg.timing) if value}
-    return dataclasses.replace(SwarmTiming(), **overrides)
-
-
-def msgspec_fields(struct: Any) -> list[tuple[str, Any]]:
-    return [(name, getattr(struct, name)) for name in struct.__struct_fields__]
+    timing = cfg.timing
+    overrides = {name: getattr(timing, name) for name in timing.__struct_fields__ if getattr(timing, name)}
+    try:
+        return dataclasses.replace(SwarmTiming(), **overrides)
+    except ValueError as err:  # a combination the protocol cannot run with, e.g. a timeout above its interval
+        raise ConfigError(f"swarm.timing: {err}") from None
 
 
 def load_swarm_keyring(path: str) -> Any:
@@ -96,8 +97,7 @@ class FleetMember:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        from swarm.agent import SwarmAgent
-        from swarm.dedup import Dedup, DedupConfig
+        from swarm.agent import SwarmAgent  # sockets and crypto: only for a node that joins a swarm
 
         cfg = self.cfg
         now = time.monotonic()
@@ -134,9 +134,6 @@ class FleetMember:
         det = batch.detections
         if pose is None or not len(det) or self.dedup is None:
             return
-        from swarm.dedup import Observation
-        from swarm.geo import CameraPose, project_boxes
-
         keep = det.scores >= self.cfg.min_score
         if self._labels:
             keep &= np.array([batch.label_of(c) in self._labels for c in det.class_ids.tolist()], bool)
@@ -208,8 +205,6 @@ class FleetMember:
         return moved > META_MOVE_M or turned > META_TURN_DEG
 
     def _on_swarm_event(self, event: Any) -> None:
-        from swarm.membership import UserBroadcast
-
         if isinstance(event, UserBroadcast):
             self.dedup.receive(event.payload, time.monotonic())
             return

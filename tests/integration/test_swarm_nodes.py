@@ -217,6 +217,21 @@ def test_a_bad_swarm_key_file_is_one_line_and_exit_2(tmp_path):
         assert expect in lines[0]
 
 
+def test_swarm_timing_the_protocol_cannot_run_with_is_a_config_error(tmp_path):
+    key = tmp_path / "swarm.key"
+    subprocess.run([sys.executable, "-m", "edgerun", "swarm", "keygen", str(key)], check=True, capture_output=True)
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'[swarm]\nenabled = true\nkey_file = "{key}"\n[swarm.timing]\nprobe_interval_s = 0.3\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "edgerun: error: swarm.timing: swarm timing probe_timeout_s: must not exceed probe_interval_s"
+    )
+
+
 def test_keygen_writes_a_key_only_the_group_can_read(tmp_path):
     from swarm.keyring import Keyring
 
