@@ -220,7 +220,7 @@ class DroneTally:
     detections: int = 0
     truths: int = 0
     matched: int = 0
-    objects: int = 0
+    objects: set[str] = field(default_factory=set)  # ids of the fleet objects it reported (updates included once)
     # seq -> (faces detected, faces in view): picks the moment the snapshot shows
     frame_scores: dict[int, tuple[int, int]] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
@@ -255,7 +255,7 @@ class FleetScore:
         tally = self.tallies[drone]
         schema = row.get("schema")
         if schema == OBJECT_SCHEMA:
-            tally.objects += 1
+            tally.objects.add(str(row.get("id")))
             self.reports.setdefault(str(row.get("id")), row)
             return
         if schema != DETECTION_SCHEMA:
@@ -295,7 +295,7 @@ class FleetScore:
                 "frames": t.frames,
                 "detections": t.detections,
                 "recall": round(t.matched / t.truths, 4) if t.truths else None,
-                "fleet_objects": t.objects,
+                "fleet_objects": len(t.objects),
                 "latency_p50_ms": round(float(np.percentile(t.latencies, 50)), 3) if t.latencies else None,
             }
             for name, t in tallies.items()

@@ -43,6 +43,7 @@ expiry of local state uses the monotonic ``now``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import OrderedDict
@@ -249,6 +250,8 @@ class FleetObject:
     owner: str
     seen_by: tuple[str, ...]
     ts: float  # wall clock of the report
+    # A later message about an object this node already reported (same id): more nodes have seen it.
+    update: bool = False
 
     @classmethod
     def from_claims(cls, members: list[Claim], owner: str, wall: float) -> FleetObject:
@@ -308,6 +311,8 @@ class _Track:
     end_checked: bool = False
     claim: Claim | None = None  # the last claim gossiped
     sent_at: float = -math.inf
+    report_id: str | None = None  # the object this node reported for this track, and who had seen it then
+    reported_nodes: frozenset[str] = frozenset()
 
     def to_claim(self, node: str) -> Claim:
         first_ms = int(self.first_wall * 1000.0)
@@ -334,6 +339,7 @@ class _Held:
 @dataclass
 class DedupStats:
     objects_reported: int = 0
+    object_updates: int = 0  # reported objects published again because more nodes saw them
     suppressed: int = 0  # this node's tracks left unreported because their object was reported
     claims_sent: int = 0
     claims_received: int = 0
@@ -484,9 +490,10 @@ class Dedup:
         # Suppressed tracks still in sight whose object's reported memory may need extending (see _keeps_memory).
         keepers = [t for t in own.values() if t.suppressed and not t.memory_due and self._memory_check_due(t, now)]
         reports: list[FleetObject] = []
+        owned = [t for t in own.values() if t.report_id is not None]  # reported here: peers' claims may join it
         state = frozenset((t.id, now - t.created >= cfg.hold_s) for t in undecided)
         quiet = not self._changed and state == self._waiting and now - self._grouped_at < cfg.claim_min_interval_s
-        if not keepers and (not undecided or quiet):
+        if not keepers and not (self._changed and owned) and (not undecided or quiet):
             self._queue_claims(own.values(), now)  # nothing new to group: the common case
             return reports
         self._changed = False
@@ -508,11 +515,28 @@ class Dedup:
             owner = members[0]
             if owner.node != self.node_id:
                 continue  # a peer's claim comes first: that peer reports
-            reports.append(FleetObject.from_claims(members, self.node_id, wall))
+            obj = FleetObject.from_claims(members, self.node_id, wall)
+            reports.append(obj)
             self.stats.objects_reported += 1
             for c in members:
                 if c.node == self.node_id:
-                    own[c.track].reported = True
+                    mine = own[c.track]
+                    mine.reported = True
+                    mine.report_id, mine.reported_nodes = obj.id, frozenset(obj.seen_by)
+        updated: set[str] = set()
+        for track in owned:
+            if track.report_id in updated:
+                continue  # another track of the same object
+            members = index.group(by_key[(self.node_id, track.id)])
+            nodes = frozenset(c.node for c in members)
+            if nodes <= track.reported_nodes:
+                continue
+            updated.add(track.report_id)
+            track.reported_nodes |= nodes
+            obj = FleetObject.from_claims(members, self.node_id, wall)
+            seen = tuple(sorted(track.reported_nodes))
+            reports.append(dataclasses.replace(obj, id=track.report_id, seen_by=seen, update=True))
+            self.stats.object_updates += 1
         for track in keepers:
             track.memory_due = self._keeps_memory(track, index.group(by_key[(self.node_id, track.id)]))
             track.checked_at = now
@@ -636,12 +660,13 @@ class Dedup:
         """Gossip what peers need: undecided tracks (they may come first in the order) and the objects this
         node reported (so copies are suppressed); a track whose object another node reported stays quiet.
 
-        Called after the decisions of a tick, so a track suppressed at once never costs a byte of gossip.
+        Called after the decisions of a tick: a track suppressed at once sends one claim (the owner counts
+        it in ``seen_by``), then stays quiet.
         """
         cfg = self.cfg
         for t in tracks:
-            if t.suppressed and not t.memory_due:
-                continue
+            if t.suppressed and not t.memory_due and t.claim is not None:
+                continue  # one claim only, so the owner learns who else saw its object
             claim = t.to_claim(self.node_id)
             sent = t.claim
             if t.memory_due:

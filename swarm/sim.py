@@ -152,7 +152,8 @@ class SwarmSim:
             if fixes:
                 drone.dedup.observe(fixes, now, now)
             for obj in drone.dedup.tick(now, now):
-                drone.reports.append((now, obj))
+                if not obj.update:  # a later message about a reported object (who else saw it) is no report
+                    drone.reports.append((now, obj))
             for key, payload in drone.dedup.outgoing():
                 host.membership.queue_broadcast(key, payload)
             self.net.input(host, now + period, step)

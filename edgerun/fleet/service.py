@@ -119,8 +119,7 @@ class FleetMember:
         if self.dedup is not None and self.agent is not None:
             # Leaving: report what this node still holds and owns, and tell the swarm before going.
             for obj in self.dedup.flush(time.monotonic(), time.time()):
-                self.objects_published += 1
-                self._publish_object(obj.to_payload())
+                self._publish(obj)
             for key, payload in self.dedup.outgoing():
                 self.agent.queue_broadcast(key, payload)
         if self.agent is not None:
@@ -168,8 +167,7 @@ class FleetMember:
             now, wall = time.monotonic(), time.time()
             # tick first: a claim it decides (reported, suppressed) goes out in this round, not the next
             for obj in self.dedup.tick(now, wall):
-                self.objects_published += 1
-                self._publish_object(obj.to_payload())
+                self._publish(obj)
             for key, payload in self.dedup.outgoing():
                 self.agent.queue_broadcast(key, payload)
             if now >= next_meta:
@@ -182,6 +180,12 @@ class FleetMember:
                 for listener in self.view_listeners:
                     listener(view)
             await asyncio.sleep(interval)
+
+    def _publish(self, obj: Any) -> None:
+        """A fleet object this node owns; an update (more drones saw it) goes out under the same id."""
+        if not obj.update:
+            self.objects_published += 1
+        self._publish_object(obj.to_payload())
 
     def _meta_changed(self, meta: MemberMeta, now: float) -> bool:
         """Whether ``meta`` is worth gossiping: every update is a new incarnation sent to the whole swarm.

@@ -226,6 +226,24 @@ def test_hold_zero_reports_at_once_and_suppresses_later_duplicates() -> None:
     assert b.stats.suppressed == 1 and b.stats.objects_reported == 0
 
 
+def test_the_owner_publishes_again_when_more_drones_have_seen_its_object() -> None:
+    a, b = Dedup("a", now=0.0), Dedup("b", now=0.0)
+    a.observe([face(3.0, 3.0, score=0.9)], 0.0, WALL0)
+    (first,) = a.tick(0.0, WALL0)
+    assert first.seen_by == ("a",) and not first.update
+    exchange(a, b, now=0.1)
+    b.observe([face(3.3, 3.0, score=0.7)], 2.0, WALL0 + 2.0)  # b flies over it later: its copy is suppressed
+    assert b.tick(2.0, WALL0 + 2.0) == [] and b.stats.suppressed == 1
+    exchange(a, b, now=2.1)  # ... and it tells the owner it saw it, once
+    (again,) = a.tick(2.2, WALL0 + 2.2)
+    assert (again.id, again.seen_by, again.owner, again.update) == (first.id, ("a", "b"), "a", True)
+    assert a.stats.objects_reported == 1 and a.stats.object_updates == 1
+    b.observe([face(3.2, 3.0, score=0.7)], 3.0, WALL0 + 3.0)
+    b.tick(3.0, WALL0 + 3.0)
+    exchange(a, b, now=3.1)
+    assert a.tick(3.2, WALL0 + 3.2) == []  # nobody new
+
+
 def test_flush_reports_held_objects_this_node_owns_and_leaves_a_peers_to_it() -> None:
     a, b = Dedup("a", DedupConfig(hold_s=10.0), now=0.0), Dedup("b", DedupConfig(hold_s=10.0), now=0.0)
     a.observe([face(3.0, 3.0, score=0.6)], 0.0, WALL0)  # b's better claim of this one comes first
@@ -263,7 +281,7 @@ def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
         t = step * 0.2
         for n in west + east:
             n.observe([face(20.0 + 0.2 * (step % 3), 30.0, score=0.5 + 0.1 * "abc".index(n.node_id))], t, WALL0 + t)
-            counts[n.node_id] += len(n.tick(t, WALL0 + t))
+            counts[n.node_id] += len([o for o in n.tick(t, WALL0 + t) if not o.update])
         exchange(*west, now=t)  # the partition: c hears nobody
         exchange(*east, now=t)
     assert sum(counts[n] for n in "ab") == 1 and counts["c"] == 1  # one report per side
@@ -271,7 +289,7 @@ def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
         t = step * 0.2
         for n in west + east:
             n.observe([face(20.0, 30.0, score=0.9)], t, WALL0 + t)
-            counts[n.node_id] += len(n.tick(t, WALL0 + t))
+            counts[n.node_id] += len([o for o in n.tick(t, WALL0 + t) if not o.update])
         exchange(*west, *east, now=t)
     assert sum(counts.values()) == 2
     # A fresh drone joins after the heal: the others resend their claims on its join event; it stays quiet.
@@ -400,18 +418,21 @@ def test_memory_of_a_report_outlives_its_owner_while_others_still_see_the_object
     for _, payload in owner_claims:
         keeper.receive(payload, 0.0)
         late.receive(payload, 0.0)
-    # b sees the object from t=10 to t=50, long after a flew away: suppressed and quiet until its check at
-    # t=41 finds it has seen the object more than memory_slack_s past a's claim; then it gossips its claim once.
+    # b sees the object from t=10 to t=50, long after a flew away: suppressed at once, it sends its claim once
+    # (so a counts b in seen_by), then stays quiet until its track ends at t=54, having seen the object more
+    # than memory_slack_s past the newest reported claim (its own, t=10): it gossips its claim once more.
     sent: list[tuple[float, bytes]] = []
     for step in range(10, 51):
         t = float(step)
         keeper.observe([face(5.2, 5.0)], t, WALL0 + t)
         assert keeper.tick(t, WALL0 + t) == []
         sent += [(t, payload) for _, payload in keeper.outgoing()]
-    keeper.tick(54.0, WALL0 + 54.0)  # its track ends 10 s after its own claim: nothing more to say
-    assert keeper.outgoing() == []
-    assert keeper.stats.suppressed == 1 and [t for t, _ in sent] == [41.0]
-    late.receive(sent[0][1], 54.0)
+    keeper.tick(54.0, WALL0 + 54.0)
+    sent += [(54.0, payload) for _, payload in keeper.outgoing()]
+    keeper.tick(70.0, WALL0 + 70.0)
+    assert keeper.outgoing() == []  # nothing more to say
+    assert keeper.stats.suppressed == 1 and [t for t, _ in sent] == [10.0, 54.0]
+    late.receive(sent[-1][1], 54.0)
     # c arrives 95 s after a's only sighting but 54 s after b's claim: the same object, already reported.
     late.observe([face(4.8, 5.1)], 95.0, WALL0 + 95.0)
     assert late.tick(95.0, WALL0 + 95.0) == [] and late.stats.suppressed == 1

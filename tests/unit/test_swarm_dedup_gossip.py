@@ -33,7 +33,7 @@ class Drone:
         if any(a <= now < b for a, b in self.sees):
             self.dedup.observe([Observation("person", 50.3, 49.8, 0.8, 0.6 + 0.05 * int(self.name[1:]))], now,
                                WALL0 + now)  # fmt: skip
-        self.reports += [(now, obj) for obj in self.dedup.tick(now, WALL0 + now)]
+        self.reports += [(now, obj) for obj in self.dedup.tick(now, WALL0 + now) if not obj.update]
         for key, payload in self.dedup.outgoing():
             self.membership.queue_broadcast(key, payload)
         self.net.input(self.host, now + 0.2, self.step)
