@@ -129,6 +129,7 @@ def drone_configs(
                 "key_file": str(key_file),
                 "radius_m": radius_m,
                 "labels": [TRUTH_LABEL],
+                "share_sightings": True,  # three drones: the station shows how many saw each face
             },
         }
         if hold_s is not None:

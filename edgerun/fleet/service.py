@@ -102,7 +102,11 @@ class FleetMember:
         cfg = self.cfg
         now = time.monotonic()
         self.dedup = Dedup(
-            self.node_id, DedupConfig(radius_m=cfg.radius_m, window_s=cfg.window_s, hold_s=cfg.hold_s), now=now
+            self.node_id,
+            DedupConfig(
+                radius_m=cfg.radius_m, window_s=cfg.window_s, hold_s=cfg.hold_s, share_sightings=cfg.share_sightings
+            ),
+            now=now,
         )
         self.agent = SwarmAgent(
             self.node_id, self.bind, swarm_timing(cfg), self.keyring, meta=encode_meta(self._meta()), seeds=self.seeds

@@ -227,7 +227,8 @@ def test_hold_zero_reports_at_once_and_suppresses_later_duplicates() -> None:
 
 
 def test_the_owner_publishes_again_when_more_drones_have_seen_its_object() -> None:
-    a, b = Dedup("a", now=0.0), Dedup("b", now=0.0)
+    cfg = DedupConfig(share_sightings=True)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     a.observe([face(3.0, 3.0, score=0.9)], 0.0, WALL0)
     (first,) = a.tick(0.0, WALL0)
     assert first.seen_by == ("a",) and not first.update
@@ -242,6 +243,13 @@ def test_the_owner_publishes_again_when_more_drones_have_seen_its_object() -> No
     b.tick(3.0, WALL0 + 3.0)
     exchange(a, b, now=3.1)
     assert a.tick(3.2, WALL0 + 3.2) == []  # nobody new
+    # Without share_sightings b's suppressed copy costs no gossip, and the owner never hears of it.
+    quiet = Dedup("q", now=0.0)
+    a.resend_claims()  # as on q's join
+    assert a.tick(3.25, WALL0 + 3.25) == []
+    exchange(a, quiet, now=3.3)
+    quiet.observe([face(3.1, 3.0)], 4.0, WALL0 + 4.0)
+    assert quiet.tick(4.0, WALL0 + 4.0) == [] and quiet.outgoing() == []
 
 
 def test_flush_reports_held_objects_this_node_owns_and_leaves_a_peers_to_it() -> None:
@@ -418,21 +426,18 @@ def test_memory_of_a_report_outlives_its_owner_while_others_still_see_the_object
     for _, payload in owner_claims:
         keeper.receive(payload, 0.0)
         late.receive(payload, 0.0)
-    # b sees the object from t=10 to t=50, long after a flew away: suppressed at once, it sends its claim once
-    # (so a counts b in seen_by), then stays quiet until its track ends at t=54, having seen the object more
-    # than memory_slack_s past the newest reported claim (its own, t=10): it gossips its claim once more.
+    # b sees the object from t=10 to t=50, long after a flew away: suppressed and quiet until its check at
+    # t=41 finds it has seen the object more than memory_slack_s past a's claim; then it gossips its claim once.
     sent: list[tuple[float, bytes]] = []
     for step in range(10, 51):
         t = float(step)
         keeper.observe([face(5.2, 5.0)], t, WALL0 + t)
         assert keeper.tick(t, WALL0 + t) == []
         sent += [(t, payload) for _, payload in keeper.outgoing()]
-    keeper.tick(54.0, WALL0 + 54.0)
-    sent += [(54.0, payload) for _, payload in keeper.outgoing()]
-    keeper.tick(70.0, WALL0 + 70.0)
-    assert keeper.outgoing() == []  # nothing more to say
-    assert keeper.stats.suppressed == 1 and [t for t, _ in sent] == [10.0, 54.0]
-    late.receive(sent[-1][1], 54.0)
+    keeper.tick(54.0, WALL0 + 54.0)  # its track ends 10 s after its own claim: nothing more to say
+    assert keeper.outgoing() == []
+    assert keeper.stats.suppressed == 1 and [t for t, _ in sent] == [41.0]
+    late.receive(sent[0][1], 54.0)
     # c arrives 95 s after a's only sighting but 54 s after b's claim: the same object, already reported.
     late.observe([face(4.8, 5.1)], 95.0, WALL0 + 95.0)
     assert late.tick(95.0, WALL0 + 95.0) == [] and late.stats.suppressed == 1
