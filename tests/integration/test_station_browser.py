@@ -79,6 +79,7 @@ seeds = {seeds}
 key_file = "{swarm["key"]}"
 radius_m = {DEMO_RADIUS_M}
 labels = ["face"]
+share_sightings = true
 [engine]
 replicas = 1
 num_threads = 1
