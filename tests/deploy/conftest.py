@@ -56,7 +56,7 @@ def link_test_dependencies(root: Path) -> None:
 def wheel(tmp_path_factory) -> Path:
     """The node's wheel, built from a copy of the sources (the checkout stays clean), without network."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("edgerun", "setup.cfg", "pyproject.toml", "README.md"):
+    for name in ("edgerun", "swarm", "setup.cfg", "pyproject.toml", "README.md"):  # what a board runs
         path = REPO / name
         if path.is_dir():
             shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
