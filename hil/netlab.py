@@ -288,7 +288,7 @@ class NetLab:
 _ECHO_SERVER = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("0.0.0.0", int(sys.argv[1])))
+s.bind(("", int(sys.argv[1])))  # every address of the namespace it runs in
 s.settimeout(float(sys.argv[2]))
 while True:
     data, addr = s.recvfrom(64)
