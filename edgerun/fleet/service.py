@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgerun.config import SwarmConfig
-from edgerun.errors import ConfigError
+from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
 from edgerun.types import DetectionBatch
 from swarm.config import SwarmTiming
@@ -112,7 +112,11 @@ class FleetMember:
             self.node_id, self.bind, swarm_timing(cfg), self.keyring, meta=encode_meta(self._meta()), seeds=self.seeds
         )
         self.agent.on_event(self._on_swarm_event)
-        await self.agent.start()
+        try:
+            await self.agent.start()
+        except OSError as err:  # the port is taken or the address is not this machine's: a restart may help
+            host, port = self.bind
+            raise EdgerunError(f"swarm.bind: cannot listen on {host}:{port}: {err.strerror or err}") from None
         self._task = asyncio.create_task(self._run())
         log.info("swarm: %s gossiping on %s:%d, %d seed(s)", self.node_id, *self.agent.address, len(self.seeds))
 

@@ -232,6 +232,29 @@ def test_swarm_timing_the_protocol_cannot_run_with_is_a_config_error(tmp_path):
     )
 
 
+def test_a_taken_swarm_port_is_one_line_and_exit_1(tmp_path):
+    import socket
+
+    key = tmp_path / "swarm.key"
+    subprocess.run([sys.executable, "-m", "edgerun", "swarm", "keygen", str(key)], check=True, capture_output=True)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "node.toml"
+        cfg.write_text(
+            f'[swarm]\nenabled = true\nbind = "127.0.0.1:{port}"\nkey_file = "{key}"\n'
+            f'[sinks.jsonl]\npath = "{tmp_path}/d.jsonl"\n[service]\nhttp_port = 0\n'
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "5"],
+            capture_output=True, text=True, timeout=90,
+        )
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"edgerun: error: swarm.bind: cannot listen on 127.0.0.1:{port}: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_keygen_writes_a_key_only_the_group_can_read(tmp_path):
     from swarm.keyring import Keyring
 
