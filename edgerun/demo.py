@@ -51,6 +51,21 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
 
 
+def greedy_matches(ious: np.ndarray, min_iou: float = MATCH_IOU) -> int:
+    """Truths (rows) matched one-to-one to detections (columns) at IoU >= ``min_iou``, best pairs first."""
+    used_t: set[int] = set()
+    used_d: set[int] = set()
+    for flat in np.argsort(-ious, axis=None):
+        t, d = divmod(int(flat), ious.shape[1])
+        if ious[t, d] < min_iou:
+            break
+        if t in used_t or d in used_d:
+            continue
+        used_t.add(t)
+        used_d.add(d)
+    return len(used_t)
+
+
 class RecallMeter:
     """Counts ground-truth objects of one label and how many a detection matched (greedy, IoU >= 0.5)."""
 
@@ -75,18 +90,7 @@ class RecallMeter:
         self.truths += boxes.shape[0]
         if ids.size == 0:
             return
-        ious = iou_matrix(boxes, det.boxes[ids])
-        # Greedy one-to-one: best pairs first.
-        used_t, used_d = set(), set()
-        for flat in np.argsort(-ious, axis=None):
-            t, d = divmod(int(flat), ious.shape[1])
-            if ious[t, d] < self.iou:
-                break
-            if t in used_t or d in used_d:
-                continue
-            used_t.add(t)
-            used_d.add(d)
-        self.matched += len(used_t)
+        self.matched += greedy_matches(iou_matrix(boxes, det.boxes[ids]), self.iou)
 
     @property
     def recall(self) -> float | None:

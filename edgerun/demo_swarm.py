@@ -33,7 +33,7 @@ import numpy as np
 import tomli_w
 
 from edgerun.config import ReplayConfig, parse_config
-from edgerun.demo import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, LocalListeners, add_demo_settings, iou_matrix
+from edgerun.demo import MIN_TRUTH_HEIGHT_PX, LocalListeners, add_demo_settings, greedy_matches, iou_matrix
 from edgerun.sources.replay import ReplaySource
 
 OBJECT_SCHEMA = "edgerun.object/1"
@@ -275,7 +275,7 @@ class FleetScore:
         tally.frame_scores[int(row["seq"])] = (len(dets), int(keep.sum()))
         if keep.any() and dets:
             det_boxes = np.asarray([d["box"] for d in dets], np.float32)
-            tally.matched += _greedy_matches(iou_matrix(boxes[keep], det_boxes))
+            tally.matched += greedy_matches(iou_matrix(boxes[keep], det_boxes))
 
     def fleet(self) -> dict[str, Any]:
         per_truth = reports_per_truth(self.reports, self.truth_points, self.radius_m)
@@ -330,20 +330,6 @@ def score_swarm(drones: list[Drone], radius_m: float) -> dict[str, Any]:
         return score.summary()
     finally:
         score.close()
-
-
-def _greedy_matches(ious: np.ndarray) -> int:
-    used_t: set[int] = set()
-    used_d: set[int] = set()
-    for flat in np.argsort(-ious, axis=None):
-        t, d = divmod(int(flat), ious.shape[1])
-        if ious[t, d] < MATCH_IOU:
-            break
-        if t in used_t or d in used_d:
-            continue
-        used_t.add(t)
-        used_d.add(d)
-    return len(used_t)
 
 
 def _truth_ground_points(scene: Any) -> np.ndarray:
