@@ -242,7 +242,7 @@ class FleetScore:
             source.open()
             self.sources[drone.node_id] = source
         self.scene = next(iter(self.sources.values())).scene
-        self.truth_points = _truth_ground_points(self.scene)
+        self.truth_points = self.scene.ground_points
         self.tallies = {d.node_id: DroneTally() for d in drones}
         self.seen_truth: set[int] = set()  # scene objects some drone had in view (>= MIN_TRUTH_HEIGHT_PX)
         # Each fleet report is one object id published by one owner; later messages of an id are updates.
@@ -330,12 +330,6 @@ def score_swarm(drones: list[Drone], radius_m: float) -> dict[str, Any]:
         return score.summary()
     finally:
         score.close()
-
-
-def _truth_ground_points(scene: Any) -> np.ndarray:
-    """(M, 2) east, north of each scene object's bottom-centre on the ground (where a box's foot projects)."""
-    b = scene.boxes_m
-    return np.stack([(b[:, 0] + b[:, 2]) / 2.0, b[:, 1]], axis=1)
 
 
 def snapshot_seq(tallies: dict[str, DroneTally]) -> int:

@@ -111,9 +111,7 @@ class GroundErrorMeter:
 def truth_ground_points(seed: int, scene: str = "", label: str = "face") -> np.ndarray:
     """(M, 2) east, north of the bottom centre of every ``label`` box on the scene's ground."""
     s = build_scene(seed, scene)
-    keep = np.asarray(s.labels) == label
-    b = s.boxes_m[keep]
-    return np.stack([(b[:, 0] + b[:, 2]) / 2.0, b[:, 1]], axis=1)
+    return s.ground_points[np.asarray(s.labels) == label]
 
 
 def bench_config(frames: int, seed: int, bundle: str | None) -> Config:

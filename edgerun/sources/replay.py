@@ -85,6 +85,12 @@ class Scene:
     border: tuple[float, float, float]  # ground colour shown beyond the scene's edge
 
     @property
+    def ground_points(self) -> np.ndarray:
+        """(M, 2) east, north of each object's bottom centre: where the bottom of its box projects to the ground."""
+        b = self.boxes_m
+        return np.stack([(b[:, 0] + b[:, 2]) / 2.0, b[:, 1]], axis=1)
+
+    @property
     def corners(self) -> np.ndarray:
         """(M, 4, 3) homogeneous ground corners (east, north, 1) of every object box."""
         b = self.boxes_m

@@ -122,8 +122,7 @@ def test_a_face_seen_by_several_drones_is_reported_once(swarm):
     crew, ports, collector = swarm
     source = ReplaySource(crew[0].replay)
     source.open()
-    b = source.scene.boxes_m
-    truth = np.stack([(b[:, 0] + b[:, 2]) / 2.0, b[:, 1]], axis=1)
+    truth = source.scene.ground_points
     radius = crew[0].config["swarm"]["radius_m"]
 
     def seen_by_all_three() -> list[int]:

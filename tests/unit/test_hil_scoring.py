@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from edgerun.config import parse_config
-from edgerun.demo_swarm import _truth_ground_points
 from edgerun.sources.replay import ReplaySource
 from hil.report import write_report
 from hil.scenario import parse_scenario
@@ -48,7 +47,7 @@ def fleet_object(oid, east, north, owner="a", t=T0 + 5):
 def truth():
     source = ReplaySource(parse_config({"source": {"kind": "replay", "replay": REPLAY}}).source.replay)
     source.open()
-    points = _truth_ground_points(source.scene)
+    points = source.scene.ground_points
     source.close()
     return points
 
