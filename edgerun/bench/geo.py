@@ -27,14 +27,11 @@ import numpy as np
 
 from edgerun.config import Config, parse_config
 from edgerun.demo import MATCH_IOU, iou_matrix
+from edgerun.fleet.service import camera_pose
 from edgerun.node import Node
 from edgerun.sources.replay import build_scene
-from edgerun.types import DetectionBatch, Pose
-from swarm.geo import CameraPose, project_boxes
-
-
-def camera_pose(pose: Pose) -> CameraPose:
-    return CameraPose(pose.east_m, pose.north_m, pose.up_m, pose.yaw_deg, pose.pitch_deg, pose.roll_deg, pose.hfov_deg)
+from edgerun.types import DetectionBatch
+from swarm.geo import project_boxes
 
 
 class GroundErrorMeter:

@@ -20,7 +20,7 @@ import numpy as np
 from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
-from edgerun.types import DetectionBatch
+from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, Observation
 from swarm.geo import CameraPose, project_boxes
@@ -33,6 +33,11 @@ SWARM_VIEW_SCHEMA = "edgerun.swarm/1"
 META_MOVE_M = 5.0
 META_TURN_DEG = 30.0
 META_REFRESH_S = 30.0
+
+
+def camera_pose(pose: Pose) -> CameraPose:
+    """The node's camera pose as swarm.geo takes it (the same east/north/up and Z-Y-X attitude convention)."""
+    return CameraPose(pose.east_m, pose.north_m, pose.up_m, pose.yaw_deg, pose.pitch_deg, pose.roll_deg, pose.hfov_deg)
 
 
 def parse_hostport(text: str, what: str) -> tuple[str, int]:
@@ -146,12 +151,8 @@ class FleetMember:
             keep &= np.array([batch.label_of(c) in self._labels for c in det.class_ids.tolist()], bool)
         if not keep.any():
             return
-        camera = CameraPose(
-            east_m=pose.east_m, north_m=pose.north_m, up_m=pose.up_m,
-            yaw_deg=pose.yaw_deg, pitch_deg=pose.pitch_deg, roll_deg=pose.roll_deg, hfov_deg=pose.hfov_deg,
-        )
         idx = np.flatnonzero(keep)
-        fixes = project_boxes(det.boxes[idx], camera, batch.meta.width, batch.meta.height)
+        fixes = project_boxes(det.boxes[idx], camera_pose(pose), batch.meta.width, batch.meta.height)
         hit = ~np.isnan(fixes[:, 0])
         observations = [
             Observation(
