@@ -417,8 +417,12 @@ class Dedup:
                 self._start(fix, now, wall)
                 self._changed = True  # a new track; fixes of known ones regroup at most every claim_min_interval_s
 
-    def receive(self, payload: bytes, now: float) -> None:
-        """A claim gossiped by a peer. Never raises: a bad payload is dropped and counted by reason."""
+    def receive(self, payload: bytes, now: float, sender: str | None = None) -> None:
+        """A claim gossiped by a peer. Never raises: a bad payload is dropped and counted by reason.
+
+        ``sender`` is the gossip member the message came from: a claim naming another node is dropped
+        as ``forged`` (one member must not speak for another). None: the caller vouched for it.
+        """
         self._now = now
         if not payload:
             self.stats.drop("empty")
@@ -433,6 +437,9 @@ class Dedup:
             return
         except msgspec.DecodeError:
             self.stats.drop("malformed")
+            return
+        if sender is not None and claim.node != sender:
+            self.stats.drop("forged")
             return
         if claim.node == self.node_id:
             self.stats.drop("own")

@@ -219,7 +219,8 @@ class FleetMember:
 
     def _on_swarm_event(self, event: Any) -> None:
         if isinstance(event, UserBroadcast):
-            self.dedup.receive(event.payload, time.monotonic())
+            # bound to the gossip sender: a member's claim naming another node is dropped and counted
+            self.dedup.receive(event.payload, time.monotonic(), sender=event.sender)
             return
         member = event.member
         if event.kind in ("join", "alive"):
