@@ -25,15 +25,19 @@ import json
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from edgerun.errors import EXIT_NEEDS_OPERATOR
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
-from edgerun.ota.manifest import Manifest, canonical_json, encode_manifest, format_time, in_rollout, parse_manifest
+from edgerun.ota.manifest import canonical_json, encode_manifest, format_time, in_rollout, parse_manifest
 from edgerun.ota.minisign import PublicKey, SecretKey, comment_fields, parse_signatures
 from edgerun.ota.transport import Offer
-from edgerun.ota.transport_mqtt import decode_release, encode_release, release_topic
+from edgerun.ota.transport_mqtt import encode_release, release_topic
+
+if TYPE_CHECKING:
+    from edgerun.fleet.trusted_release import CheckedRelease
 
 ROLLOUT_SCHEMA = "edgerun.rollout/1"
 ROLLOUT_PREFIX = "edgerun/fleet/rollouts"
@@ -79,6 +83,7 @@ class RolloutState:
     by: str = "operator"  # "operator" or "auto" (the station's canary watch)
     ts: float = 0.0
     base_version: int | None = None
+    step: int = 0  # the release's signed rollout.step this state goes with (edgerun.ota.steps)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +126,7 @@ def decode_state(payload: bytes, trusted: dict[str, PublicKey] | None = None) ->
             salt=str(raw["salt"]), phase=str(raw["phase"]), reason=str(raw.get("reason", ""))[:500],
             by=str(raw.get("by", "")), ts=float(raw.get("ts", 0.0)),
             base_version=None if raw.get("base_version") is None else int(raw["base_version"]),
+            step=int(raw.get("step", 0)),
         )
     except (KeyError, TypeError, ValueError, binascii.Error, SignatureError, RecursionError) as err:
         raise ValueError(f"malformed rollout message ({type(err).__name__}: {err})"[:300]) from None
@@ -139,15 +145,17 @@ def decode_state(payload: bytes, trusted: dict[str, PublicKey] | None = None) ->
     return SignedState(state, sig.key_id_hex, verified)
 
 
-def release_manifest(offer: Offer) -> Manifest:
-    """The manifest inside a retained release message (parsed, not verified: for display and re-signing)."""
-    return parse_manifest(offer.manifest)
+class RolloutRefused(OtaError):
+    """A rollout step the operator must not take (an unverified or halted release); exit 2."""
+
+    exit_code = EXIT_NEEDS_OPERATOR
 
 
 def resign(offer: Offer, percent: float, key: SecretKey, now: float | None = None) -> Offer:
-    """The same release with its rollout percent changed, signed again by ``key``.
+    """The same release with its rollout percent changed and its step counted up, signed again by ``key``.
 
     The salt, target, delta and expiry stay: cohorts are nested and the payload already on the broker still matches.
+    Callers re-sign only an offer they verified (``RolloutControl.step`` takes a ``CheckedRelease``).
     """
     if not 0.0 <= percent <= 100.0:
         raise OtaError(f"rollout percent must be within 0..100, got {percent:g}")
@@ -158,7 +166,7 @@ def resign(offer: Offer, percent: float, key: SecretKey, now: float | None = Non
     changed = msgspec.structs.replace(
         manifest,
         created=format_time(now),
-        rollout=msgspec.structs.replace(manifest.rollout, percent=float(percent)),
+        rollout=msgspec.structs.replace(manifest.rollout, percent=float(percent), step=manifest.rollout.step + 1),
     )
     data = encode_manifest(changed)
     sig = key.sign(data, changed.trusted_comment(int(now))).to_text()
@@ -207,15 +215,26 @@ class RolloutControl:
                 client.disconnect()
                 client.loop_stop()
 
-    def step(self, offer: Offer, percent: float, phase: str, reason: str = "", by: str = "operator",
+    def step(self, release: CheckedRelease, percent: float, phase: str, reason: str = "", by: str = "operator",
              base_version: int | None = None) -> RolloutState:
-        """Re-sign ``offer`` at ``percent`` and publish it with the matching rollout state."""
+        """Re-sign a verified release at ``percent`` and publish it with the matching rollout state.
+
+        Only a release that verified against the root keys is signed again; a halt is final for its version.
+        """
+        current = release.require_verified()
+        offer = release.offer
+        assert offer is not None  # require_verified checked it
+        if current.rollout.percent <= 0.0 and percent > 0.0:
+            raise RolloutRefused(
+                f"{current.name} v{current.version} is halted and a halted release is never taken again by the "
+                "nodes: publish a new version (edgerun fleet publish)"
+            )
         check_signing_key(offer, self.key)
         new = resign(offer, percent, self.key)
         manifest = parse_manifest(new.manifest)
         state = RolloutState(
             model=manifest.name, version=manifest.version, percent=float(percent), salt=manifest.rollout.salt,
-            phase=phase, reason=reason, by=by, ts=time.time(), base_version=base_version,
+            phase=phase, reason=reason, by=by, ts=time.time(), base_version=base_version, step=manifest.rollout.step,
         )
         envelope = encode_release(new.manifest, new.manifest_sig, new.keys, new.keys_sig)
         # The state first: a station that sees the new release already knows why it changed.
@@ -288,10 +307,3 @@ def read_topics(
     finally:
         client.disconnect()
         client.loop_stop()
-
-
-def current_release(retained: dict[str, bytes], model: str) -> Offer:
-    payload = retained.get(release_topic(model))
-    if payload is None:
-        raise OtaError(f"no release of {model!r} is retained on the broker (publish one with `edgerun fleet publish`)")
-    return decode_release(payload, release_topic(model))

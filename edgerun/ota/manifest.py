@@ -59,6 +59,9 @@ class Compatibility(Strict, kw_only=True):
 class Rollout(Strict, kw_only=True):
     percent: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 100.0
     salt: str = ""
+    # Every re-signed step of one version (promote, halt) counts up, so a node and the station can refuse an
+    # older step replayed after a newer one (a recorded promote after a halt); see edgerun.ota.steps.
+    step: Annotated[int, msgspec.Meta(ge=0, le=1 << 31)] = 0
 
 
 class Manifest(Strict, kw_only=True):

@@ -33,6 +33,8 @@ def halted_for(node_id: str, fetching: Offer, newer: Offer) -> str | None:
         return None  # not a signed step of this release: ignore it
     if (manifest.name, manifest.version) != (current.name, current.version):
         return None  # another release: the updater judges it after this one
+    if manifest.rollout.step < current.rollout.step:
+        return None  # an older step replayed: it cannot undo the step being fetched
     if in_rollout(manifest.rollout, node_id):
         return None
     return (

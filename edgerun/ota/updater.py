@@ -45,6 +45,7 @@ from edgerun.ota.errors import OtaError, Rejected, SignatureError
 from edgerun.ota.manifest import Manifest, format_time, in_rollout, version_tuple
 from edgerun.ota.minisign import PublicKey
 from edgerun.ota.payload import pack_bundle, sha256_bytes, sha256_file
+from edgerun.ota.steps import StepLedger
 from edgerun.ota.store import PAYLOAD, ModelStore, atomic_write, default_state_dir
 from edgerun.ota.transport import Offer, RateLimiter, Transport, TransportError
 from edgerun.ota.trust import Keyring, TrustStore
@@ -187,6 +188,7 @@ class Updater:
             raise ConfigError(f"ota.root_keys: {err}") from None  # exit 2: a person must fix the key
         self.transports = make_transports(cfg, node.cfg)
         self.limiter = RateLimiter(cfg.max_rate_bps)
+        self.steps = StepLedger(self.store.trust / "steps.json")
         self.board = cfg.board or platform.machine()
         self.watch = BatchWatch()
         node.observers.append(self.watch.observe)
@@ -376,6 +378,10 @@ class Updater:
                 f"{manifest.name} v{manifest.version} is not above the installed v{inst.version} "
                 f"(anti-rollback counter {inst.counter})",
             )
+        self.steps.check(manifest)
+        if manifest.rollout.percent <= 0.0:
+            # A halt leaves no node in its cohort, so it is refused below, but it is kept first: it is sticky here.
+            self.steps.record(manifest)
         if manifest.expires_ts <= now:
             clock = "" if clock_trusted else " (clock not synchronised: checked against the newest signed time seen)"
             raise Rejected("expired", f"manifest v{manifest.version} expired at {manifest.expires}{clock}")
@@ -408,6 +414,9 @@ class Updater:
         payload = await self._fetch_payload(transport, manifest)
         await self._in_executor(self._validate_payload, manifest, payload)
         self._report("verified", sha256=manifest.target.sha256)
+        # Kept once the release is known good, so a rejected one leaves the store as it was; an older step of
+        # this version replayed later is refused.
+        await self._in_executor(self.steps.record, manifest)
         return await self._install(manifest, payload)
 
     def _validate_payload(self, manifest: Manifest, payload: bytes) -> None:

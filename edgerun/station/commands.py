@@ -56,6 +56,24 @@ def load_signing_key(path: str | None, args: argparse.Namespace) -> Any:
         raise ConfigError(f"--signing-key: {err}") from None
 
 
+def load_root_keys(args: argparse.Namespace) -> list[Any]:
+    """The fleet's root public keys (``--root-key``, repeatable: files or base64 lines, as in ``ota.root_keys``)."""
+    from edgerun.ota.errors import OtaError
+    from edgerun.ota.updater import load_root_keys as parse_roots
+
+    entries = getattr(args, "root_key", None) or []
+    try:
+        roots = parse_roots(entries)
+    except OSError as err:
+        raise ConfigError(f"--root-key: {err.filename}: {err.strerror or err}") from None
+    except OtaError as err:
+        raise ConfigError(f"--root-key: {err}") from None
+    threshold = getattr(args, "root_threshold", 1)
+    if roots and not 1 <= threshold <= len(roots):
+        raise ConfigError(f"--root-threshold {threshold}: needs 1..{len(roots)} (the root keys given)")
+    return roots
+
+
 def load_truth(spec: str | None) -> list[dict[str, Any]]:
     """Ground-truth outlines: a JSON file ([{"label", "box_m": [west, south, east, north]}]) or ``replay:SEED``."""
     if not spec:
@@ -141,6 +159,8 @@ def cmd_station(args: argparse.Namespace) -> int:
             mqtt_host=mqtt_host, mqtt_port=mqtt_port, bind_host=bind_host, bind_port=bind_port, ground=ground,
             ground_extent=extent,  # type: ignore[arg-type]
             truth=load_truth(args.truth), signing_key=load_signing_key(args.signing_key, args), node_http=node_http,
+            root_keys=load_root_keys(args), root_threshold=args.root_threshold,
+            state_dir=Path(args.state_dir) if args.state_dir else None,
             stale_s=args.stale_s, auto_halt=not args.no_auto_halt,
         )
         return asyncio.run(run_station(options, args.seconds))
@@ -158,6 +178,8 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
     await station.start()
     key = options.signing_key
     mode = f"rollout actions signed by release key {key.public_key.id_hex}" if key else "read-only (no --signing-key)"
+    if not options.root_keys:
+        mode += "; releases shown unverified (no --root-key)"
     host = f"[{options.bind_host}]" if ":" in options.bind_host else options.bind_host
     print(f"station: http://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:{options.mqtt_port}; {mode}",
           flush=True)
@@ -177,8 +199,12 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
 # -- edgerun fleet -------------------------------------------------------------------------
 
 
-def fleet_view(host: str, port: int, seconds: float) -> tuple[Any, dict[str, Any]]:
-    """Listen to the fleet's topics for ``seconds`` and build the same model the station keeps."""
+def fleet_view(host: str, port: int, seconds: float, roots: list[Any] | None = None,
+               threshold: int = 1) -> tuple[Any, dict[str, Any]]:
+    """Listen to the fleet's topics for ``seconds`` and build the same model the station keeps.
+
+    Releases are verified against ``roots`` as a node would, and shown unverified without them.
+    """
     from edgerun.fleet.rollout import read_topics
     from edgerun.station.model import SUBSCRIPTIONS, FleetModel
 
@@ -190,7 +216,7 @@ def fleet_view(host: str, port: int, seconds: float) -> tuple[Any, dict[str, Any
     rollouts = {}
     from edgerun.station.station import Station, StationOptions
 
-    station = Station(StationOptions(mqtt_host=host, mqtt_port=port))
+    station = Station(StationOptions(mqtt_host=host, mqtt_port=port, root_keys=roots or [], root_threshold=threshold))
     station.model = model
     for name in model.releases:
         view = station.rollout_view(name, now)
@@ -207,7 +233,7 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
     host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
-    model, rollouts = fleet_view(host, port, args.seconds)
+    model, rollouts = fleet_view(host, port, args.seconds, load_root_keys(args), args.root_threshold)
     now = time.time()
     nodes = [n.to_json(now, model.stale_s) for n in sorted(model.nodes.values(), key=lambda n: n.id)]
     if args.json:
@@ -228,6 +254,9 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if "error" in r:
             print(f"release {r['model']}: unreadable ({r['error']})")
             continue
+        if r["trust"] != "verified":
+            print(f"release {r['model']} v{r['version']}: {r['trust'].upper()}, not a release: {r['trust_reason']}")
+            continue
         line = f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, " \
                f"{r['nodes_on_version']} of {r['nodes']} nodes on it"
         if r.get("reason"):
@@ -244,9 +273,11 @@ def _control(args: argparse.Namespace) -> Any:
     return RolloutControl(host, port, key), host, port
 
 
-def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, Any, dict[str, bytes]]:
-    from edgerun.fleet.rollout import ROLLOUT_PREFIX, current_release, read_topics
-    from edgerun.ota.transport_mqtt import TOPIC_PREFIX
+def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, Any]:
+    """The model's retained release, verified against ``--root-key`` as a node would (UnverifiedRelease if not)."""
+    from edgerun.fleet.rollout import ROLLOUT_PREFIX, read_topics, rollout_topic
+    from edgerun.fleet.trusted_release import ReleaseVerifier
+    from edgerun.ota.transport_mqtt import TOPIC_PREFIX, release_topic
 
     retained = read_topics(host, port, [f"{TOPIC_PREFIX}/+", f"{ROLLOUT_PREFIX}/+"])
     models = sorted(t.rsplit("/", 1)[1] for t in retained if t.startswith(TOPIC_PREFIX + "/"))
@@ -256,19 +287,23 @@ def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, An
             found = ", ".join(models) or "none"
             raise EdgerunError(f"name the model with --model (releases on the broker: {found})")
         model = models[0]
-    return model, current_release(retained, model), retained
-
-
-def _base_version(retained: dict[str, bytes], model: str) -> int | None:
-    from edgerun.fleet.rollout import decode_state, rollout_topic
-
-    payload = retained.get(rollout_topic(model))
+    payload = retained.get(release_topic(model))
     if payload is None:
-        return None
-    try:
-        return decode_state(payload).state.base_version
-    except ValueError:
-        return None
+        raise EdgerunError(f"no release of {model!r} is retained on the broker "
+                           "(publish one with `edgerun fleet publish`)")
+    roots = load_root_keys(args)
+    if not roots:
+        raise ConfigError("--root-key is required: the release on the broker is verified against the fleet's root "
+                          "keys before anything about it is signed")
+    verifier = ReleaseVerifier(roots, args.root_threshold)
+    checked = verifier.check(model, payload, retained.get(rollout_topic(model)))
+    checked.require_verified()
+    return model, checked
+
+
+def _base_version(checked: Any) -> int | None:
+    """The base the signed rollout state names (an unsigned state is not believed)."""
+    return checked.state.state.base_version if checked.state is not None else None
 
 
 KEY_FILES = ("keys.json", "keys.json.minisig")
@@ -336,8 +371,8 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
 
 def _step(args: argparse.Namespace, percent: float, phase: str, reason: str) -> int:
     control, host, port = _control(args)
-    model, offer, retained = _pick_model(args, host, port)
-    state = control.step(offer, percent, phase, reason, "operator", _base_version(retained, model))
+    model, checked = _pick_model(args, host, port)
+    state = control.step(checked, percent, phase, reason, "operator", _base_version(checked))
     why = f": {reason}" if reason else ""
     print(f"{model} v{state.version}: {phase} at {percent:g}% (salt {state.salt!r}){why}")
     return 0
@@ -375,7 +410,6 @@ def cmd_fleet_rollback(args: argparse.Namespace) -> int:
     """Halt the current release and ship the old model's contents as the next version."""
     from edgerun.fleet.rollout import RolloutState
     from edgerun.models.bundle import load_bundle
-    from edgerun.ota.manifest import parse_manifest
     from edgerun.ota.release import ReleaseSpec, build_release
     from edgerun.ota.transport_mqtt import publish_release
 
@@ -385,13 +419,13 @@ def cmd_fleet_rollback(args: argparse.Namespace) -> int:
     _check_keys_dir(args.keys)
     old = load_bundle(args.to)
     args.model = args.model or old.name
-    model, offer, retained = _pick_model(args, host, port)
-    current = parse_manifest(offer.manifest)
+    model, checked = _pick_model(args, host, port)
+    current = checked.require_verified()
     if old.name != model:
         raise ConfigError(f"--to is {old.name!r}, the release on the broker is {model!r}")
     if current.rollout.percent > 0:
-        control.step(offer, 0.0, "halted", f"rolling back to v{old.version}'s model", "operator",
-                     _base_version(retained, model))
+        control.step(checked, 0.0, "halted", f"rolling back to v{old.version}'s model", "operator",
+                     _base_version(checked))
         print(f"{model} v{current.version}: halted")
     version = current.version + 1
     work = Path(tempfile.mkdtemp(prefix="edgerun-rollback-"))
@@ -416,6 +450,13 @@ def cmd_fleet_rollback(args: argparse.Namespace) -> int:
 
 
 def add_station_parsers(sub: Any) -> None:
+    def roots(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--root-key", action="append", default=[], metavar="FILE",
+                       help="a root public key of the fleet, as the nodes have it (repeat): releases on the broker "
+                            "are verified against it before they are shown or signed; required with --signing-key")
+        p.add_argument("--root-threshold", type=int, default=1, metavar="N",
+                       help="root signatures keys.json needs (as ota.root_threshold)")
+
     st = sub.add_parser("station", help="the ground station: the fleet on one page, rollout control")
     st.add_argument("--mqtt", required=True, metavar="HOST:PORT", help="the fleet's broker")
     st.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="where the page is served")
@@ -424,6 +465,9 @@ def add_station_parsers(sub: Any) -> None:
     st.add_argument("--truth", default=None, metavar="FILE", help="ground truth outlines (JSON, or replay:SEED)")
     st.add_argument("--signing-key", default=None, metavar="FILE", help="release secret key: enables page actions")
     st.add_argument("--password-env", default=None, help="the signing key's password is in this variable")
+    roots(st)
+    st.add_argument("--state-dir", default=None, metavar="DIR",
+                    help="keep the rollout step ledger here, so a halt seen before a restart is still known")
     st.add_argument("--node-http", action="append", default=[], metavar="NODE=HOST:PORT",
                     help="where a node's HTTP service is (for its live snapshot; repeat)")
     st.add_argument("--stale-s", type=float, default=15.0, help="grey a node out after this long unheard")
@@ -436,6 +480,7 @@ def add_station_parsers(sub: Any) -> None:
 
     def common(p: argparse.ArgumentParser, signing: bool) -> None:
         p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+        roots(p)
         if signing:
             p.add_argument("--signing-key", required=True, metavar="FILE", help="release secret key")
             p.add_argument("--password-env", default=None, help="the signing key's password is in this variable")

@@ -11,6 +11,7 @@ station is read-only and says so.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import time
@@ -19,24 +20,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgerun.errors import EdgerunError
-from edgerun.fleet.rollout import RolloutControl, cohort_position, decode_state, phase_for
-from edgerun.ota.manifest import parse_manifest
+from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
+from edgerun.fleet.rollout import RolloutControl, RolloutRefused, cohort_position, phase_for
+from edgerun.fleet.trusted_release import CheckedRelease, ReleaseVerifier
+from edgerun.ota.errors import Rejected
 from edgerun.ota.minisign import PublicKey, SecretKey
-from edgerun.ota.transport_mqtt import decode_release
 from edgerun.station.canary import CanaryPolicy, judge
 from edgerun.station.model import FleetModel, NodeView
 from edgerun.station.subscriber import FleetSubscriber
 
 log = logging.getLogger(__name__)
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 
 class StationError(EdgerunError):
     """A station option or action is wrong; the message says which."""
 
 
+class StationConfigError(StationError, ConfigError):
+    """A station option a person must fix (exit 2)."""
+
+
 class ActionRefused(StationError):
     """A rollout action the station will not take (read-only, unknown release, bad percent)."""
+
+    status = 403
+
+
+class ReleaseConflict(ActionRefused):
+    """An action on a release that is forged, replayed or halted: refused (HTTP 409, exit 2)."""
+
+    status = 409
+    exit_code = EXIT_NEEDS_OPERATOR
 
 
 @dataclass
@@ -49,11 +65,24 @@ class StationOptions:
     ground_extent: tuple[float, float, float, float] = (0.0, 0.0, 40.0, 40.0)  # west, south, east, north (m)
     truth: list[dict[str, Any]] = field(default_factory=list)
     signing_key: SecretKey | None = None
+    # Root public keys, as a node holds them: every retained release is verified against them before it is
+    # shown as a release or signed again (edgerun.fleet.trusted_release). Required with signing_key.
+    root_keys: list[PublicKey] = field(default_factory=list)
+    root_threshold: int = 1
+    state_dir: Path | None = None  # keeps the rollout step ledger across restarts (a halt stays known)
     node_http: dict[str, str] = field(default_factory=dict)  # node id -> host:port of its HTTP service
     stale_s: float = 15.0
     tick_s: float = 0.25
     auto_halt: bool = True
     policy: CanaryPolicy = field(default_factory=CanaryPolicy)
+    # The page's doors (see edgerun/station/server.py): who may reach it, who may act, where it may fetch from.
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names the page answers besides its bind address
+    users_file: Path | None = None  # operator accounts (edgerun station passwd); None: no login
+    public_view: bool = False  # read-only viewing without login (actions still need one)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    node_nets: list[IPNetwork] = field(default_factory=list)  # where an advertised node address may point
+    snapshot_token: str | None = None  # presented as "Authorization: Bearer" to a node's /snapshot.jpg
 
 
 class Station:
@@ -68,7 +97,15 @@ class Station:
         self._tasks: list[asyncio.Task[None]] = []
         self._halting: set[tuple[str, int]] = set()
         key = options.signing_key
-        self._trusted: dict[str, PublicKey] = {key.public_key.id_hex: key.public_key} if key else {}
+        if key is not None and not options.root_keys:
+            # Without roots the station could not tell a forged release from a real one, and would sign it.
+            raise StationConfigError("--signing-key needs --root-key (the fleet's root public keys, as the nodes "
+                                     "have them): the station signs only releases it verified")
+        steps = options.state_dir / "rollout-steps.json" if options.state_dir else None
+        try:
+            self.verifier = ReleaseVerifier(options.root_keys, options.root_threshold, steps)
+        except Rejected as err:
+            raise StationConfigError(f"--root-key: {err}") from None
         self.control = RolloutControl(options.mqtt_host, options.mqtt_port, key) if key else None
 
     @property
@@ -135,39 +172,46 @@ class Station:
 
     # -- rollouts -----------------------------------------------------------------------
 
-    def rollout_view(self, model: str, now: float) -> dict[str, Any] | None:
+    def check_release(self, model: str, now: float | None = None) -> CheckedRelease | None:
+        """The retained release of ``model`` verified as a node would (None when the broker holds none)."""
         payload = self.model.releases.get(model)
         if payload is None:
             return None
-        try:
-            offer = decode_release(payload, f"edgerun/fleet/releases/{model}")
-            manifest = parse_manifest(offer.manifest)
-        except Exception as err:  # an untrusted retained message: shown as broken, never raised
-            return {"model": model, "error": str(err)[:300]}
+        return self.verifier.check(model, payload, self.model.rollouts.get(model), now)
+
+    def rollout_view(self, model: str, now: float) -> dict[str, Any] | None:
+        checked = self.check_release(model, now)
+        if checked is None:
+            return None
+        manifest = checked.manifest
+        if manifest is None:  # an untrusted retained message: shown as broken, never raised
+            return {"model": model, "error": checked.reason, "trust": checked.trust}
         view: dict[str, Any] = {
             "model": model, "version": manifest.version, "percent": manifest.rollout.percent,
             "salt": manifest.rollout.salt, "created": manifest.created, "expires": manifest.expires,
+            "step": manifest.rollout.step,
             "phase": "canary" if 0 < manifest.rollout.percent < 100 else phase_for(manifest.rollout.percent),
-            "reason": "", "by": "", "verified": None,
+            "reason": "", "by": "",
+            # "verified", or why not ("forged", "replayed", "unverified": no --root-key): the page shows it and
+            # offers no action on anything but a verified release.
+            "trust": checked.trust, "trust_code": checked.code, "trust_reason": checked.reason,
+            "verified": checked.verified,
         }
-        state_payload = self.model.rollouts.get(model)
-        if state_payload is not None:
-            try:
-                signed = decode_state(state_payload, self._trusted)
-                st = signed.state
-                if st.version == manifest.version:
-                    view.update(phase=st.phase, reason=st.reason, by=st.by, base_version=st.base_version,
-                                state_ts=st.ts, signed_by=signed.key_id,
-                                verified=signed.verified if self._trusted else None)
-            except ValueError as err:
-                view["state_error"] = str(err)[:300]
+        signed = checked.state
+        if signed is not None and signed.state.version == manifest.version:
+            st = signed.state
+            view.update(phase=st.phase, reason=st.reason, by=st.by, base_version=st.base_version,
+                        state_ts=st.ts, signed_by=signed.key_id)
+        elif checked.state_error:
+            view["state_error"] = checked.state_error
         nodes = [n for n in self.model.nodes.values() if n.model == model]
         view["nodes_on_version"] = sum(1 for n in nodes if n.model_version == manifest.version)
         view["nodes"] = len(nodes)
         verdict = judge(model, manifest.version, nodes, now, self.options.stale_s, self.options.policy)
         view["verdict"] = {"halt": verdict.halt, "reason": verdict.reason, "figures": verdict.figures}
+        # A release that did not verify moves no node: it has no cohort.
         view["cohort"] = {n.id: cohort_position(manifest.rollout.salt, n.id) < manifest.rollout.percent
-                          for n in nodes}
+                          for n in nodes} if checked.verified else {}
         return view
 
     async def _canary_loop(self) -> None:
@@ -197,6 +241,8 @@ class Station:
             self._halting.discard((view["model"], view["version"]))  # judged again if it is promoted again
         if not self.options.auto_halt or view.get("phase") not in ("canary", "promoted") or "error" in view:
             return
+        if not view.get("verified"):
+            return  # nothing to halt: the nodes refuse it, and the station never signs what it did not verify
         verdict = view["verdict"]
         key = (view["model"], view["version"])
         if not verdict["halt"] or key in self._halting:
@@ -226,10 +272,12 @@ class Station:
         """Promote to ``percent`` or halt the rollout of ``model``; refused when the station is read-only."""
         if self.control is None:
             raise ActionRefused("the station is read-only: start it with --signing-key RELEASE.key to act on rollouts")
-        payload = self.model.releases.get(model)
-        if payload is None:
+        checked = self.check_release(model)
+        if checked is None:
             raise ActionRefused(f"no release of {model!r} is retained on the broker")
-        offer = decode_release(payload, f"edgerun/fleet/releases/{model}")
+        if not checked.verified:
+            raise ReleaseConflict(f"the release of {model!r} on the broker is {checked.trust} "
+                                  f"({checked.reason}); the station signs only releases it verified")
         if action == "halt":
             percent, phase = 0.0, "halted"
             reason = reason or "halted by the operator"
@@ -239,8 +287,11 @@ class Station:
             phase = phase_for(percent)
         else:
             raise ActionRefused(f"unknown action {action!r} (promote, halt)")
-        base = self.rollouts.get(model, {}).get("base_version")
-        state = await asyncio.to_thread(self.control.step, offer, percent, phase, reason, by, base)
+        base = checked.state.state.base_version if checked.state is not None else None
+        try:
+            state = await asyncio.to_thread(self.control.step, checked, percent, phase, reason, by, base)
+        except RolloutRefused as err:
+            raise ReleaseConflict(str(err)) from None
         self._event("rollout", f"{model} v{state.version}: {phase} at {percent:g}% by {by}"
                                + (f": {reason}" if reason else ""), "error" if phase == "halted" else "info")
         return state.to_json()
@@ -248,7 +299,21 @@ class Station:
     # -- snapshots of one node ----------------------------------------------------------
 
     def node_http(self, node: NodeView) -> str:
-        return self.options.node_http.get(node.id) or node.http
+        """Where to fetch the node's snapshot: the operator's --node-http, or its advertised address when that is
+        an IP literal inside a --node-net (a planted address must not point the station at anything else)."""
+        given = self.options.node_http.get(node.id)
+        if given:
+            return given
+        if not node.http or not self.options.node_nets:
+            return ""
+        host = node.http.rpartition(":")[0].strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return ""  # a name could resolve anywhere
+        if any(ip.version == net.version and ip in net for net in self.options.node_nets):
+            return node.http
+        return ""
 
 
 def render_boxes_jpeg(node: NodeView) -> bytes:

@@ -45,7 +45,7 @@ def test_a_canary_with_an_fps_regression_is_halted_by_the_station(tmp_path, blaz
         mqtt_addr = f"127.0.0.1:{broker.port}"
         station = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "station", "--mqtt", mqtt_addr, "--bind", f"127.0.0.1:{free_port()}",
-             "--signing-key", str(key_file)],
+             "--signing-key", str(key_file), "--root-key", fleet.root_pub_paths[0]],
             stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
         )
         try:

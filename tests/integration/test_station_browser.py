@@ -138,6 +138,7 @@ def rig(tmp_path, blazeface_bundle):
             station = subprocess.Popen(
                 [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
                  "--bind", f"127.0.0.1:{station_port}", "--signing-key", str(key_file), "--truth", "replay:1",
+                 "--root-key", fleet.root_pub_paths[0],
                  "--ground", "replay:1", "--stale-s", "6", "--no-auto-halt",
                  "--node-http", f"drone-1=127.0.0.1:{nodes[0].http_port}"],
                 stdout=station_log.open("w"), stderr=subprocess.STDOUT,
@@ -335,6 +336,7 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     rollback = subprocess.run(
         [sys.executable, "-m", "edgerun", "fleet", "rollback", "--to", str(blazeface_bundle.root),
          "--keys", str(rig["fleet"].release_dir), "--signing-key", str(rig["key_file"]),
+         "--root-key", rig["fleet"].root_pub_paths[0],
          "--mqtt", f"127.0.0.1:{broker_port}"], capture_output=True, text=True, timeout=120,
     )
     assert rollback.returncode == 0, rollback.stderr
