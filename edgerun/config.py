@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -176,6 +177,8 @@ class ServiceConfig(Section):
     http_enabled: bool = True
     http_host: str = "127.0.0.1"
     http_port: Port = 8089
+    # Bearer token /snapshot.jpg asks for; empty: the camera is served only when http_host is loopback.
+    snapshot_token_file: str = ""
     # Stop systemd watchdog pings when no frame has been inferred for this long.
     stall_s: PositiveFloat = 5.0
     snapshot_interval_s: PositiveFloat = 1.0
@@ -268,18 +271,90 @@ class Config(Section):
         return self.node.id or socket.gethostname()
 
 
-_PATH_RE = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
+_PATH_RE = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_PATH_PART_RE = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
-def _lookup(data: Any, path: str) -> tuple[bool, Any]:
-    """The value at a msgspec path like ``.pipeline.queue_depth`` or ``.engine.order[1]``."""
-    for part in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
-        key, index = part
+def _toml_key(key: str) -> str:
+    """A key as TOML spells it: bare when it can be, else quoted with quotes, backslashes, control and
+    non-ASCII characters escaped, so any key the parser accepts shows as one unambiguous ASCII word."""
+    if _BARE_KEY_RE.fullmatch(key):
+        return key
+    out = []
+    for ch in key:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
+    return '"' + "".join(out) + '"'
+
+
+def _key_path(parts: list[str | int | None]) -> str:
+    """``sinks.mqtt.host``, ``engine.order[1]``, ``node."a\\nb"``; None is a dict entry not pinned down."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part is None:
+            text += "[...]"
+        else:
+            text += ("." if text else "") + _toml_key(part)
+    return text or "<top level>"
+
+
+def _unwrap(tp: Any) -> Any:
+    """The type under ``Annotated[...]`` and ``X | None``."""
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+            continue
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
+            tp = args[0]
+            continue
+        return tp
+
+
+def _failing_key(table: dict[str, Any], tp: Any) -> str | None:
+    """The first key of a ``dict[str, X]`` table whose value is not an X (the one msgspec stopped at)."""
+    for key, value in table.items():
         try:
-            data = data[key] if key else data[int(index)]
-        except (KeyError, IndexError, TypeError):
-            return False, None
-    return True, data
+            msgspec.convert(value, tp)
+        except (msgspec.ValidationError, TypeError):
+            return key
+    return None
+
+
+def _resolve(data: Any, path: str, root: type) -> tuple[list[str | int | None], bool, Any, Any]:
+    """Follow a msgspec error path (``.engine.order[1]``, ``.variants[...]``) through the data and the
+    types: the key path (a ``[...]`` dict entry pinned to its key), whether a value is there, the value
+    and its type (None where unknown)."""
+    parts: list[str | int | None] = []
+    found, value, tp = True, data, root
+    for name, index in _PATH_PART_RE.findall(path):
+        args = typing.get_args(tp)
+        if name:
+            parts.append(name)
+            hints = typing.get_type_hints(tp, include_extras=True) if isinstance(tp, type) else {}
+            tp = _unwrap(hints.get(name))
+            found = found and isinstance(value, dict) and name in value
+            value = value[name] if found else None
+        elif index != "...":
+            parts.append(int(index))
+            tp = _unwrap(args[0]) if args else None
+            found = found and isinstance(value, list) and int(index) < len(value)
+            value = value[int(index)] if found else None
+        else:
+            tp = _unwrap(args[1]) if len(args) == 2 else None
+            key = _failing_key(value, tp) if found and isinstance(value, dict) and tp is not None else None
+            parts.append(key)
+            found = key is not None
+            value = value[key] if found else None
+    return parts, found, value, tp
 
 
 def _describe(value: Any) -> str:
@@ -294,42 +369,37 @@ def _describe(value: Any) -> str:
     return str(value)
 
 
-def _choices(path: str, root: type | None = None) -> list[str]:
-    """The allowed values of the Literal field at a msgspec path (for enum errors)."""
-    tp: Any = root or Config
-    for name in re.findall(r"\.([^.\[]+)", path):
-        hints = typing.get_type_hints(tp, include_extras=True)
-        tp = hints.get(name)
-        while typing.get_origin(tp) is Annotated:
-            tp = typing.get_args(tp)[0]
-    return [repr(v) for v in typing.get_args(tp)] if typing.get_origin(tp) is Literal else []
-
-
 def _message(err: msgspec.ValidationError, data: dict[str, Any], root: type | None = None) -> str:
-    """Reword msgspec's error as ``key.path: expected X, got Y``."""
+    """Reword msgspec's error as one line ``key.path: expected X, got Y``, keys spelled as in TOML."""
     m = _PATH_RE.match(str(err))
-    assert m is not None
+    assert m is not None  # the pattern matches any text
     what, path = m.group("what"), (m.group("path") or "")
-    key = path.lstrip(".") or "<top level>"
-    unknown = re.match(r"Object contains unknown field `(?P<f>[^`]+)`", what)
+    parts, found, value, tp = _resolve(data, path, root or Config)
+    unknown = re.match(r"Object contains unknown field `(?P<f>.*)`$", what, re.DOTALL)
     if unknown:
-        field = unknown.group("f")
-        full = f"{key}.{field}" if path else field
-        return f"{full}: unknown key"
-    missing = re.match(r"Object missing required field `(?P<f>[^`]+)`", what)
+        # The name in msgspec's text may itself hold a backtick or " - at `$.x`" (then a top-level key reads
+        # as one in [x]): the table at the path, else the top-level table, says which key it is.
+        for at in (path, ""):
+            parts, found, value, tp = _resolve(data, at, root or Config)
+            fields = getattr(tp, "__struct_encode_fields__", None)
+            if found and isinstance(value, dict) and fields is not None:
+                extra = [k for k in value if k not in fields]
+                if extra:
+                    return f"{_key_path([*parts, extra[0]])}: unknown key"
+        parts = _resolve(data, path, root or Config)[0]
+        return f"{_key_path([*parts, unknown.group('f')])}: unknown key"
+    missing = re.match(r"Object missing required field `(?P<f>.*)`$", what, re.DOTALL)
     if missing:
-        field = missing.group("f")
-        return f"{key + '.' if path else ''}{field}: required key is missing"
+        return f"{_key_path([*parts, missing.group('f')])}: required key is missing"
     if what.startswith("Invalid enum value"):
-        choices = _choices(path, root)
-        found, value = _lookup(data, path)
-        return f"{key}: expected one of {', '.join(choices)}, got {_describe(value)}"
+        choices = [repr(v) for v in typing.get_args(tp)] if typing.get_origin(tp) is Literal else []
+        return f"{_key_path(parts)}: expected one of {', '.join(choices)}, got {_describe(value)}"
     expected = re.sub(r"`", "", what)
     expected = re.sub(r"^Expected ", "", expected).replace("object", "table")
     expected = re.sub(r", got \w+$", "", expected)
-    found, value = _lookup(data, path)
+    expected = " ".join(expected.split())  # one line, whatever msgspec's text holds
     got = f", got {_describe(value)}" if found else ""
-    return f"{key}: expected {expected}{got}"
+    return f"{_key_path(parts)}: expected {expected}{got}"
 
 
 def parse_config(data: dict[str, Any]) -> Config:

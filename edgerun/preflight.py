@@ -14,6 +14,7 @@ it names (a key file, a TLS file, a directory's permissions) and raises a
   the next step);
 * inputs: ``source.path`` for an images source, ``source.replay.scene``;
 * the swarm: ``swarm.key_file`` holds valid keys, ``swarm.bind`` and ``swarm.seeds`` are host:port;
+* the camera: ``service.snapshot_token_file`` holds a one-line token;
 * writable state: ``engine.state_dir`` (crash breadcrumbs, when an
   accelerator is configured), ``ota.state_dir`` (when OTA is on), the JSONL
   sink's directory, and the cache a ``.tar`` bundle is unpacked into.
@@ -127,4 +128,16 @@ def check_swarm(cfg: Config) -> None:
         parse_hostport(seed, f"swarm.seeds[{i}]")
 
 
-CHECKS: list[Check] = [check_bundle, check_root_keys, check_tls, check_inputs, check_writable_dirs, check_swarm]
+def check_snapshot(cfg: Config) -> None:
+    """The snapshot token file holds a token (the HTTP service says once when the snapshot is off)."""
+    svc = cfg.service
+    if not (svc.http_enabled and svc.snapshot_token_file):
+        return
+    from edgerun.service.http import load_snapshot_token
+
+    load_snapshot_token(svc.snapshot_token_file)
+
+
+CHECKS: list[Check] = [
+    check_bundle, check_root_keys, check_tls, check_inputs, check_writable_dirs, check_swarm, check_snapshot
+]
