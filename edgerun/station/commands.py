@@ -144,8 +144,21 @@ def cmd_station(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level or "info")
 
+    from edgerun.station.server import check_bind_policy, parse_node_nets, read_snapshot_token
+
+    if not args.mqtt:
+        raise ConfigError("--mqtt HOST:PORT: say where the fleet's broker is")
     mqtt_host, mqtt_port = parse_hostport(args.mqtt, "--mqtt", 1883)
     bind_host, bind_port = parse_hostport(args.bind, "--bind", 8080)
+    check_bind_policy(bind_host, args.users is not None, args.public_view)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    doors = dict(
+        allowed_hosts=args.allowed_host, users_file=Path(args.users) if args.users else None,
+        public_view=args.public_view, tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None, node_nets=parse_node_nets(args.node_net),
+        snapshot_token=read_snapshot_token(args.snapshot_token_file) if args.snapshot_token_file else None,
+    )
     node_http = {}
     for item in args.node_http:
         node, sep, address = item.partition("=")
@@ -161,7 +174,7 @@ def cmd_station(args: argparse.Namespace) -> int:
             truth=load_truth(args.truth), signing_key=load_signing_key(args.signing_key, args), node_http=node_http,
             root_keys=load_root_keys(args), root_threshold=args.root_threshold,
             state_dir=Path(args.state_dir) if args.state_dir else None,
-            stale_s=args.stale_s, auto_halt=not args.no_auto_halt,
+            stale_s=args.stale_s, auto_halt=not args.no_auto_halt, **doors,
         )
         return asyncio.run(run_station(options, args.seconds))
     finally:
@@ -180,9 +193,14 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
     mode = f"rollout actions signed by release key {key.public_key.id_hex}" if key else "read-only (no --signing-key)"
     if not options.root_keys:
         mode += "; releases shown unverified (no --root-key)"
+    if options.users_file is not None:
+        mode += f"; operators log in (--users {options.users_file})"
+        mode += "; viewing is open (--public-view)" if options.public_view else ""
+    elif options.public_view:
+        mode += "; view only, no login (--public-view)"
     host = f"[{options.bind_host}]" if ":" in options.bind_host else options.bind_host
-    print(f"station: http://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:{options.mqtt_port}; {mode}",
-          flush=True)
+    print(f"station: {server.scheme}://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:"
+          f"{options.mqtt_port}; {mode}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -193,6 +211,27 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
         pass
     await server.stop()
     await station.stop()
+    return 0
+
+
+def cmd_station_passwd(args: argparse.Namespace) -> int:
+    """Add an operator to the station's password file, or change their password (Argon2id, mode 0600)."""
+    import getpass
+    import sys
+
+    from edgerun.station.auth import check_user, set_password
+
+    check_user(args.user)
+    if args.password_stdin or not sys.stdin.isatty():
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"password for {args.user}: ")
+        if getpass.getpass("again: ") != password:
+            raise ConfigError("the two passwords differ")
+    path = Path(args.file)
+    created = set_password(path, args.user, password)
+    print(f"{'added' if created else 'changed the password of'} operator {args.user} in {path}; "
+          f"start the station with --users {path}")
     return 0
 
 
@@ -458,7 +497,7 @@ def add_station_parsers(sub: Any) -> None:
                        help="root signatures keys.json needs (as ota.root_threshold)")
 
     st = sub.add_parser("station", help="the ground station: the fleet on one page, rollout control")
-    st.add_argument("--mqtt", required=True, metavar="HOST:PORT", help="the fleet's broker")
+    st.add_argument("--mqtt", default=None, metavar="HOST:PORT", help="the fleet's broker (required)")
     st.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="where the page is served")
     st.add_argument("--ground", default=None, metavar="IMAGE", help="ground image under the map (or replay:SEED)")
     st.add_argument("--ground-extent", default=None, metavar="W,S,E,N", help="metres the ground image covers")
@@ -473,7 +512,26 @@ def add_station_parsers(sub: Any) -> None:
     st.add_argument("--stale-s", type=float, default=15.0, help="grey a node out after this long unheard")
     st.add_argument("--no-auto-halt", action="store_true", help="only warn when a canary regresses")
     st.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    st.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                    help="a name the page is reached by besides its bind address (repeat; refuses any other Host)")
+    st.add_argument("--users", default=None, metavar="FILE",
+                    help="operator accounts (edgerun station passwd): every page and action needs a login")
+    st.add_argument("--public-view", action="store_true",
+                    help="viewing needs no login (with --users: acting does; without: the page is read-only)")
+    st.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate chain")
+    st.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
+    st.add_argument("--node-net", action="append", default=[], metavar="CIDR",
+                    help="fetch a snapshot from an address a node advertises only inside this range (repeat)")
+    st.add_argument("--snapshot-token-file", default=None, metavar="FILE",
+                    help="bearer token for the nodes' /snapshot.jpg ([service] snapshot_token_file)")
     st.set_defaults(func=cmd_station)
+    st_sub = st.add_subparsers(dest="station_command", metavar="{passwd}")
+    pw = st_sub.add_parser("passwd", help="add an operator to the password file or change their password")
+    pw.add_argument("user", help="the operator's user name")
+    pw.add_argument("--file", default="station-users", metavar="PATH", help="the password file (default: %(default)s)")
+    pw.add_argument("--password-stdin", action="store_true",
+                    help="read the password from the first line of stdin (default when stdin is not a terminal)")
+    pw.set_defaults(func=cmd_station_passwd)
 
     fleet = sub.add_parser("fleet", help="the fleet from the broker: status and staged model rollouts")
     fsub = fleet.add_subparsers(dest="fleet_command", required=True)

@@ -2,7 +2,8 @@
 "use strict";
 
 const S = { nodes: {}, objects: {}, events: [], rollouts: {}, broker: null, readOnly: true, ground: null, truth: [],
-  mqtt: "", staleS: 15, trails: {}, bounds: null, selected: null, dirty: true, streamUp: false, asOf: 0 };
+  mqtt: "", staleS: 15, trails: {}, bounds: null, selected: null, dirty: true, streamUp: false, asOf: 0,
+  login: false, user: null, csrf: null, canAct: true };
 const TRAIL_POINTS = 300;
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;",
@@ -42,13 +43,36 @@ function applyDelta(d) {
   S.dirty = true;
 }
 
+// -- the operator's session: who is logged in, and the CSRF token every POST carries ---------------------------
+
+async function loadSession() {
+  try {
+    const resp = await fetch("/api/session", { cache: "no-store" });
+    if (resp.status === 401) { window.location.assign("/login"); return; }
+    const s = await resp.json();
+    S.login = s.login; S.user = s.user; S.csrf = s.csrf; S.canAct = s.can_act;
+  } catch (err) { return; }
+  $("who").textContent = S.user ? `operator ${S.user}` : "";
+  $("logout").classList.toggle("hidden", !S.user);
+  $("login-link").classList.toggle("hidden", !S.login || !!S.user);
+  renderRollouts(); S.dirty = true;
+}
+
+async function logout() {
+  await fetch("/logout", { method: "POST", headers: { "X-CSRF-Token": S.csrf || "" } }).catch(() => null);
+  window.location.assign("/login");
+}
+
 function connect() {
   const es = new EventSource("/api/stream");
   es.addEventListener("snapshot", (e) => { S.streamUp = true; applySnapshot(JSON.parse(e.data)); });
   es.addEventListener("delta", (e) => applyDelta(JSON.parse(e.data)));
   es.addEventListener("rollouts", (e) => { const d = JSON.parse(e.data); S.rollouts = d.rollouts; S.readOnly = d.read_only;
     renderRollouts(); S.dirty = true; });
-  es.onerror = () => { S.streamUp = false; S.dirty = true; };  // EventSource reconnects by itself
+  es.onerror = () => {
+    S.streamUp = false; S.dirty = true;  // EventSource reconnects by itself, unless the station refused it
+    if (es.readyState === EventSource.CLOSED) { loadSession(); setTimeout(connect, 2000); }
+  };
 }
 
 // -- map ------------------------------------------------------------------------------------------------------
@@ -196,7 +220,8 @@ function renderHeader() {
 function renderRollouts() {
   const list = Object.values(S.rollouts);
   if (!list.length) { $("rollout-list").innerHTML = '<p class="muted">no release on the broker</p>'; return; }
-  const dis = S.readOnly ? 'disabled title="read-only: start the station with --signing-key"' : "";
+  const dis = S.readOnly ? 'disabled title="read-only: start the station with --signing-key"'
+    : !S.canAct ? `disabled title="${S.login ? "log in to act" : "read-only view"}"` : "";
   $("rollout-list").innerHTML = list.map((r) => {
     if (r.error) return `<div class="rollout">${esc(r.model)}: unreadable release (${esc(r.error)})</div>`;
     const v = r.verdict || {};
@@ -223,7 +248,9 @@ async function act(model, action, percent) {
   $("action-result").textContent = "sending…";
   try {
     const resp = await fetch(`/api/rollouts/${encodeURIComponent(model)}/${action}`, { method: "POST",
-      headers: { "Content-Type": "application/json", "X-Edgerun-Confirm": model }, body: JSON.stringify({ percent }) });
+      headers: { "Content-Type": "application/json", "X-Edgerun-Confirm": model, ...(S.csrf ? { "X-CSRF-Token": S.csrf } : {}) },
+      body: JSON.stringify({ percent }) });
+    if (resp.status === 401) { window.location.assign("/login"); return; }
     const body = await resp.json();
     $("action-result").textContent = resp.ok ? `${model}: ${body.state.phase} at ${body.state.percent}%` : `refused: ${body.error}`;
   } catch (err) { $("action-result").textContent = `failed: ${err}`; }
@@ -260,10 +287,12 @@ document.addEventListener("click", (ev) => {
   const node = ev.target.closest("#nodes tbody tr[data-id], .drone[data-id]");
   if (node) select(node.dataset.id);
 });
+$("logout").addEventListener("click", logout);
 $("fit").addEventListener("click", () => { S.bounds = null; S.dirty = true; });
 $("show-labels").addEventListener("change", () => { S.dirty = true; });
 window.addEventListener("resize", () => { S.dirty = true; });
 setInterval(() => { if (S.dirty) { S.dirty = false; renderMap(); renderNodes(); renderHeader(); } }, 200);
 setInterval(() => { S.dirty = true; }, 1000);  // ages and stale marks move with the clock
 setInterval(refreshSnapshot, 2000);
+loadSession();
 connect();
