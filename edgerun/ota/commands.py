@@ -2,8 +2,8 @@
 
 Release workflow (the root key stays offline)::
 
-    edgerun ota keygen -p root.pub -s root.key            # offline machine; or: minisign -G -W
-    edgerun ota keygen -p release.pub -s release.key
+    edgerun ota keygen -p root.pub -s root.key            # offline machine; asks for a password; or: minisign -G
+    edgerun ota keygen -p release.pub -s release.key --password-env RELEASE_KEY_PASSWORD
     edgerun ota keys --release-key release.pub --version 1 -o rel/keys.json
     edgerun ota sign -s root.key -m rel/keys.json         # or minisign -S (see the printed -t)
     edgerun ota publish --bundle model_v2/ --base model_v1/ -s release.key --to rel/
@@ -20,7 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgerun.errors import EXIT_NEEDS_OPERATOR
 from edgerun.ota.errors import OtaError
+
+
+class KeygenUsageError(OtaError):
+    """No way to get the new secret key's password (a usage error: exit 2)."""
+
+    exit_code = EXIT_NEEDS_OPERATOR
 
 
 def _password(args: argparse.Namespace) -> bytes | None:
@@ -33,6 +40,39 @@ def _password(args: argparse.Namespace) -> bytes | None:
     return value.encode()
 
 
+def _new_key_password(args: argparse.Namespace) -> bytes | None:
+    """The password a new secret key is encrypted with, like minisign -G: asked twice on a terminal.
+
+    None only with --no-password; without a terminal a password must come from --password-env or
+    --password-stdin, so a script never writes an unencrypted key by accident.
+    """
+    if args.no_password:
+        return None
+    if args.password_stdin:
+        line = sys.stdin.readline().rstrip("\r\n")
+        if not line:
+            raise KeygenUsageError("ota keygen: --password-stdin: no password on standard input")
+        return line.encode()
+    if args.password_env:
+        password = _password(args)
+        if not password:
+            raise KeygenUsageError(f"ota keygen: --password-env {args.password_env}: the variable is empty")
+        return password
+    if not sys.stdin.isatty():
+        raise KeygenUsageError(
+            "ota keygen: not a terminal: give the secret key's password with --password-env VAR or "
+            "--password-stdin, or pass --no-password to write it unencrypted"
+        )
+    import getpass
+
+    first = getpass.getpass("Password for the new secret key: ")
+    if not first:
+        raise KeygenUsageError("ota keygen: empty password (pass --no-password to write the key unencrypted)")
+    if getpass.getpass("Password (one more time): ") != first:
+        raise KeygenUsageError("ota keygen: the passwords do not match")
+    return first.encode()
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     from edgerun.ota.minisign import SecretKey
 
@@ -40,8 +80,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     for path in (pub, sec):
         if path.exists() and not args.force:
             raise OtaError(f"{path} exists (use -f to overwrite)")
+    password = _new_key_password(args)  # before any file is touched: a refusal leaves nothing behind
     key = SecretKey.generate()
-    password = _password(args)
     sec.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(sec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -282,7 +322,10 @@ def add_ota_parser(sub: Any) -> None:
     p.add_argument("-p", "--pubkey", required=True)
     p.add_argument("-s", "--seckey", required=True)
     p.add_argument("-f", "--force", action="store_true")
-    p.add_argument("--password-env", help="encrypt the secret key with the password in this variable (scrypt)")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--password-env", help="encrypt the secret key with the password in this variable (scrypt)")
+    secret.add_argument("--password-stdin", action="store_true", help="read that password from the first stdin line")
+    secret.add_argument("--no-password", action="store_true", help="write the secret key unencrypted (minisign -W)")
     p.set_defaults(func=cmd_keygen)
 
     p = osub.add_parser("keys", help="write keys.json: the release keys the root keys vouch for")
