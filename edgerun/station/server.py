@@ -93,11 +93,11 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(str(cert), str(key))
-    except OSError as err:
-        raise ConfigError(f"--tls-cert/--tls-key: {err.strerror or err}: {err.filename or cert}") from None
-    except ssl.SSLError as err:
+    except ssl.SSLError as err:  # an OSError too: caught first
         raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: not a matching PEM certificate and key "
                           f"({err.reason or err})") from None
+    except OSError as err:
+        raise ConfigError(f"--tls-cert/--tls-key: {err.strerror or err}: {err.filename or cert}") from None
     return context
 
 
