@@ -16,11 +16,14 @@ release key never signs bytes an attacker chose.
 
 from __future__ import annotations
 
+import asyncio
+import secrets
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from edgerun.fleet.rollout import RolloutRefused, SignedState, decode_state
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
@@ -145,3 +148,40 @@ class ReleaseVerifier:
         if signed.state.model != manifest.name:
             return None, f"rollout state is for {signed.state.model!r}: ignored"
         return signed, ""
+
+
+async def check_payload_on_broker(release: CheckedRelease, host: str, port: int, cfg: Any = None) -> str:
+    """Download a verified release's payload from the broker as a node would and check its signed hash.
+
+    Before a promote, so the operator learns of swapped chunks before the nodes do. Returns a note; raises
+    UnverifiedRelease when the bytes on the broker are not the signed ones. A payload the broker does not hold
+    (a release served by HTTP or a directory) cannot be checked here: the note says so and the nodes check it.
+    """
+    from edgerun.ota.payload import sha256_file
+    from edgerun.ota.transport import RateLimiter, TransportError
+    from edgerun.ota.transport_mqtt import MqttTransport
+
+    manifest = release.require_verified()
+    if manifest.target.file:
+        file, size, sha256 = manifest.target.file, manifest.target.size, manifest.target.sha256
+    else:
+        assert manifest.delta is not None  # parse_manifest refuses a release with neither
+        file, size, sha256 = manifest.delta.file, manifest.delta.size, manifest.delta.sha256
+    transport = MqttTransport(host, port, f"edgerun-verify-{secrets.token_hex(4)}", cfg)
+    try:
+        with tempfile.TemporaryDirectory(prefix="edgerun-verify-") as tmp:
+            dest = Path(tmp) / "payload"
+            try:
+                await transport.fetch(release.model, file, size, dest, RateLimiter(0))
+            except Rejected as err:
+                what = f"{release.model} v{manifest.version}: payload {file} on the broker"
+                raise UnverifiedRelease(f"{what}: {err}") from None
+            except TransportError as err:
+                return f"payload {file} not checked ({err}); the nodes check its hash"
+            got = await asyncio.to_thread(sha256_file, dest)
+    finally:
+        await transport.close()
+    if got != sha256:
+        raise UnverifiedRelease(f"{release.model} v{manifest.version}: payload {file} on the broker hashes to "
+                                f"{got[:16]}..., the manifest signed {sha256[:16]}...")
+    return f"payload {file} on the broker matches its signed sha256"

@@ -409,8 +409,12 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
 
 
 def _step(args: argparse.Namespace, percent: float, phase: str, reason: str) -> int:
+    from edgerun.fleet.trusted_release import check_payload_on_broker
+
     control, host, port = _control(args)
     model, checked = _pick_model(args, host, port)
+    if percent > 0:
+        print(asyncio.run(check_payload_on_broker(checked, host, port)))
     state = control.step(checked, percent, phase, reason, "operator", _base_version(checked))
     why = f": {reason}" if reason else ""
     print(f"{model} v{state.version}: {phase} at {percent:g}% (salt {state.salt!r}){why}")

@@ -22,7 +22,7 @@ from typing import Any
 
 from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
 from edgerun.fleet.rollout import RolloutControl, RolloutRefused, cohort_position, phase_for
-from edgerun.fleet.trusted_release import CheckedRelease, ReleaseVerifier
+from edgerun.fleet.trusted_release import CheckedRelease, ReleaseVerifier, check_payload_on_broker
 from edgerun.ota.errors import Rejected
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.station.canary import CanaryPolicy, judge
@@ -287,6 +287,12 @@ class Station:
             phase = phase_for(percent)
         else:
             raise ActionRefused(f"unknown action {action!r} (promote, halt)")
+        if action == "promote":
+            try:
+                note = await check_payload_on_broker(checked, self.options.mqtt_host, self.options.mqtt_port)
+            except RolloutRefused as err:
+                raise ReleaseConflict(str(err)) from None
+            log.info("station: %s", note)
         base = checked.state.state.base_version if checked.state is not None else None
         try:
             state = await asyncio.to_thread(self.control.step, checked, percent, phase, reason, by, base)

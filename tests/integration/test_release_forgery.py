@@ -277,3 +277,38 @@ def test_a_halted_release_is_not_promoted_again(rig, blazeface_bundle, tmp_path)
     assert status == 409 and "publish a new version" in body["error"], body
     done = rig.signed_step("promote", "--percent", "50")
     assert done.returncode == 2 and "publish a new version" in done.stderr, done.stderr
+
+
+def test_swapped_payload_chunks_on_the_broker_stop_a_promote(rig, blazeface_bundle, tmp_path):
+    """The manifest is real, the payload chunks on the broker are the attacker's: promote is refused before any
+    node is asked to download them (the nodes would refuse the hash too)."""
+    import hashlib
+
+    import paho.mqtt.publish as publish
+
+    from edgerun.ota.manifest import parse_manifest
+    from edgerun.ota.transport_mqtt import decode_release, file_topic
+
+    v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
+    rig.start_station()
+    done = rig.fleet_cli("publish", str(v2.root), "--percent", "10", "--keys", str(rig.fleet.release_dir),
+                         "--signing-key", str(rig.key_file), "--fleet-seconds", "0")
+    assert done.returncode == 0, done.stderr
+    target = parse_manifest(decode_release(rig.retained_release(), "t").manifest).target
+    evil = bytes(target.size)  # the signed size, other bytes; an index that agrees with them
+    chunk = 64 * 1024
+    chunks = [evil[i:i + chunk] for i in range(0, len(evil), chunk)]
+    messages = [{"topic": file_topic(MODEL, target.file, str(i)), "payload": c, "qos": 1, "retain": True}
+                for i, c in enumerate(chunks)]
+    index = {"size": len(evil), "chunk_size": chunk, "chunks": [hashlib.sha256(c).hexdigest() for c in chunks]}
+    messages.append({"topic": file_topic(MODEL, target.file, "index"), "payload": json.dumps(index), "qos": 1,
+                     "retain": True})
+    publish.multiple(messages, hostname="127.0.0.1", port=rig.broker.port)
+    before = rig.retained_release()
+
+    done = rig.signed_step("promote", "--percent", "100")
+    assert done.returncode == 2, done.stderr
+    assert "hash" in done.stderr and done.stderr.strip().count("\n") == 0, done.stderr
+    status, body = rig.page_action("promote", 100)
+    assert status == 409 and "hash" in body["error"], body
+    assert rig.retained_release() == before  # still the 10 % step: nothing was signed
