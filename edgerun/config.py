@@ -195,6 +195,9 @@ class OtaConfig(Section):
     mqtt: bool = False  # retained releases on edgerun/fleet/releases/<model>, via sinks.mqtt's broker settings
     poll_interval_s: PositiveFloat = 60.0
     max_rate_bps: NonNegInt = 0  # download rate cap in bytes/s over every source; 0: none
+    # Cap on a payload's unpacked size (the sum of its files); a bigger one (a tar.gz bomb) is rejected while it is
+    # unpacked. 1 GiB: several times the largest model bundle a Pi or Jetson runs, and still fits a small SD card.
+    max_unpacked_bytes: PositiveInt = 1 << 30
     board: str = ""  # board class matched against a release's compatibility.boards; empty: the machine type
     clock: Literal["auto", "trusted", "untrusted"] = "auto"  # auto: trusted when the kernel says NTP-synchronised
     # With an untrusted clock: "floor" checks expiry against the newest signed time seen; "refuse" waits.

@@ -37,7 +37,7 @@ import msgspec
 from edgerun.errors import ModelError
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.ota.errors import OtaError, Rejected
-from edgerun.ota.payload import sha256_bytes, sha256_file
+from edgerun.ota.payload import DEFAULT_MAX_UNPACKED, check_unpacked_size, sha256_bytes, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,9 @@ def default_state_dir() -> Path:
 
 
 class ModelStore:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED) -> None:
         self.root = Path(root)
+        self.max_unpacked_bytes = max_unpacked_bytes  # ota.max_unpacked_bytes: a payload unpacking past it is refused
         self.installed_path = self.root / "installed.json"
         self.journal_path = self.root / "journal"
         self.slots = self.root / "slots"
@@ -214,10 +215,15 @@ class ModelStore:
             return False
         return True
 
+    def check_unpacked(self, payload: bytes) -> None:
+        """Rejected('oversized') when ``payload`` unpacks past ``max_unpacked_bytes`` (streamed; writes nothing)."""
+        check_unpacked_size(payload, self.max_unpacked_bytes)
+
     def write_slot(self, slot: str, payload: bytes, sha256: str) -> ModelBundle:
         """Write ``payload`` into ``slot`` (temp dir, fsync, rename); checks the tar is a safe, valid bundle."""
         if sha256_bytes(payload) != sha256:
             raise Rejected("hash_mismatch", f"payload does not hash to {sha256}")
+        self.check_unpacked(payload)  # before anything is written: a tar bomb never reaches the slot
         final = self.slot_dir(slot)
         tmp = self.slots / f"{slot}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

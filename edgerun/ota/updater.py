@@ -181,7 +181,7 @@ class Updater:
     def __init__(self, node: UpdaterHost, cfg: OtaConfig) -> None:
         self.node = node
         self.cfg = cfg
-        self.store = ModelStore(cfg.state_dir or default_state_dir())
+        self.store = ModelStore(cfg.state_dir or default_state_dir(), max_unpacked_bytes=cfg.max_unpacked_bytes)
         try:
             self.trust = TrustStore(load_root_keys(cfg.root_keys), cfg.root_threshold)
         except (SignatureError, Rejected) as err:
@@ -421,6 +421,7 @@ class Updater:
 
     def _validate_payload(self, manifest: Manifest, payload: bytes) -> None:
         """Unpack the payload in staging (safe paths, no links, a valid bundle of this name and version)."""
+        self.store.check_unpacked(payload)  # streamed first: a tar bomb never reaches staging
         check = self.store.staging / f"check-{manifest.target.sha256[:16]}"
         shutil.rmtree(check, ignore_errors=True)
         check.mkdir(parents=True)
