@@ -293,13 +293,15 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if "error" in r:
             print(f"release {r['model']}: unreadable ({r['error']})")
             continue
-        if r["trust"] != "verified":
+        if r["trust"] in ("forged", "replayed"):
             print(f"release {r['model']} v{r['version']}: {r['trust'].upper()}, not a release: {r['trust_reason']}")
             continue
         line = f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, " \
                f"{r['nodes_on_version']} of {r['nodes']} nodes on it"
         if r.get("reason"):
             line += f"; {r['reason']}"
+        if r["trust"] != "verified":
+            line += f" [UNVERIFIED: {r['trust_reason']}]"
         print(line)
     return 0
 

@@ -91,7 +91,8 @@ def test_a_canary_with_an_fps_regression_is_halted_by_the_station(tmp_path, blaz
             assert state.state.reason.startswith("auto-halt: fps 3.0 on v2")
 
             status = subprocess.run(
-                [sys.executable, "-m", "edgerun", "fleet", "status", "--mqtt", mqtt_addr, "--seconds", "1"],
+                [sys.executable, "-m", "edgerun", "fleet", "status", "--mqtt", mqtt_addr, "--seconds", "1",
+                     "--root-key", fleet.root_pub_paths[0]],
                 capture_output=True, text=True, timeout=60,
             )
             assert status.returncode == 0, status.stderr
