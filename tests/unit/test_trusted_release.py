@@ -151,3 +151,17 @@ def test_the_ledger_keeps_a_halt_across_restarts(tmp_path, released):
     # A damaged ledger file is a warning and a fresh ledger, not a crash.
     path.write_text("{not json")
     assert StepLedger(path).newest(MODEL, 2) is None
+
+
+def test_a_station_with_a_signing_key_and_no_root_key_refuses_to_start(tmp_path, capsys):
+    from edgerun.cli import main
+
+    key = tmp_path / "release.key"
+    key.write_text(SecretKey.generate().to_text())
+    argv = ["station", "--mqtt", "127.0.0.1:1", "--bind", "127.0.0.1:0", "--signing-key", str(key)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--signing-key needs --root-key" in err and err.count("\n") == 1
+    assert main([*argv, "--root-key", str(tmp_path / "missing.pub")]) == 2
+    err = capsys.readouterr().err
+    assert "--root-key" in err and "missing.pub" in err and err.count("\n") == 1
