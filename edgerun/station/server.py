@@ -355,8 +355,14 @@ class StationServer:
                     return None
                 if (r.content_length or 0) > SNAPSHOT_MAX_BYTES:
                     return None
-                body = await r.content.read(SNAPSHOT_MAX_BYTES + 1)
-                return body if len(body) <= SNAPSHOT_MAX_BYTES else None
+                body = bytearray()
+                async for chunk in r.content.iter_chunked(64 * 1024):  # read() alone stops at what has arrived
+                    body += chunk
+                    if len(body) > SNAPSHOT_MAX_BYTES:
+                        log.debug("station: %s snapshot from %s is over %d bytes", node_id, address,
+                                  SNAPSHOT_MAX_BYTES)
+                        return None
+                return bytes(body)
         except (OSError, asyncio.TimeoutError) as err:
             log.debug("station: %s snapshot from %s failed: %s", node_id, address, err)
         except Exception as err:  # aiohttp client errors: the node is simply not reachable
