@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench lint venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil
+.PHONY: all demo test test-gpu bench lint venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
 
 all: test
 
@@ -37,6 +37,16 @@ demo: $(MODELS)
 
 test: $(MODELS) system-deps
 	$(BIN)/python -m pytest -q
+
+# Python property tests (hypothesis; not the MCU's libFuzzer, that is mcu-fuzz) with fresh random examples,
+# FUZZ_EXAMPLES per test (tests that set their own max_examples keep theirs). `make test` runs them with the
+# fixed examples of the `ci` profile (tests/conftest.py); this one looks for new failures and prints each
+# one's falsifying example (and @reproduce_failure blob): add it to the test as an @example.
+FUZZ_EXAMPLES ?= 2000
+HYPOTHESIS_TESTS = $(shell grep -rl --include='test_*.py' '^from hypothesis import' tests)
+fuzz: $(MODELS)
+	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) nice -n 15 \
+	$(BIN)/python -m pytest -v -m hypothesis --timeout=0 $(HYPOTHESIS_TESTS)
 
 # On a CUDA machine. With no network there, bring a wheelhouse and the demo models (tests/gpu/README.md):
 #   make test-gpu WHEELS=/path/to/wheels

@@ -10,6 +10,31 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests: `ci` (the default, what `make test` runs) derives each test's examples from its own
+# code, so every run of the same tree tries the same inputs and a red run is red again; `fuzz`
+# (`make fuzz`) draws fresh random examples, many more, to find new failures, which then become
+# @example lines. HYPOTHESIS_PROFILE picks one; settings() objects in test modules inherit the
+# profile loaded here (this file is imported before them), so they must not set derandomize or database.
+settings.register_profile(
+    "ci",
+    derandomize=True,  # implies database=None: no replay of examples saved by earlier runs
+    max_examples=100,  # the budget for tests that set none; a test's own max_examples wins
+    deadline=None,  # timing on a shared 2-core runner is no verdict
+    print_blob=True,  # a failure prints @reproduce_failure(...) besides the falsifying example
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "fuzz",
+    derandomize=False,
+    database=None,  # each run starts afresh; the failing example is printed, to paste as an @example
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "2000")),
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parents[1]
 # Subprocess nodes started by tests find the same cached bundles.

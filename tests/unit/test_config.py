@@ -99,6 +99,47 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+# Any key the TOML parser accepts is named as TOML spells it: bare when it can be, else quoted with
+# escapes, so a newline, quote, dot, backtick, control or non-ASCII character cannot break the line.
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"node": {"a\nb": False}}, 'node."a\\nb": unknown key'),
+        ({"node": {'say "hi"\\': 1}}, 'node."say \\"hi\\"\\\\": unknown key'),
+        ({"node": {"a.b": 1}}, 'node."a.b": unknown key'),
+        ({"node": {"\x00\t\x1b\x7f": 1}}, 'node."\\u0000\\t\\u001B\\u007F": unknown key'),
+        ({"nöde\u2028": {}}, '"n\\u00F6de\\u2028": unknown key'),
+        ({"": 1}, '"": unknown key'),
+        ({"pipeline": {"": 1}}, 'pipeline."": unknown key'),
+        ({"😀": 1}, '"\\U0001F600": unknown key'),
+        # msgspec's own text reads as an error at $.node for both: the tables say where the key is.
+        ({"a` - at `$.node": 1}, '"a` - at `$.node": unknown key'),
+        ({"node": {"a` - at `$.node": 1}}, 'node."a` - at `$.node": unknown key'),
+        (
+            {"node": {"log_level": "a\nb"}},
+            "node.log_level: expected one of 'debug', 'info', 'warning', 'error', got 'a\\nb'",
+        ),
+    ],
+)
+def test_odd_keys_are_named_safely_on_one_line(data, message):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert str(info.value) == message
+    assert str(info.value).isprintable()
+
+
+def test_cli_odd_key_is_one_line_and_exits_2(tmp_path):
+    """A fresh clone's property test found this: a key with a newline was an AssertionError traceback, exit 1."""
+    odd = tmp_path / "x.toml"
+    odd.write_bytes(b'[node]\n"a\\nb" = false\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgerun", "run", "-c", str(odd)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f'edgerun: error: {odd}: node."a\\nb": unknown key']
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("engine", "policy", "fallback", "want"),
     [
