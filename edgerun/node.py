@@ -642,6 +642,7 @@ class Node:
             metrics_text=lambda: metrics_text(registry),
             snapshot_jpeg=self.snapshot_jpeg,
             health_extra=self.health_extra,
+            snapshot_token_file=svc.snapshot_token_file,
         )
         await http.start()
         self.http_port = http.port

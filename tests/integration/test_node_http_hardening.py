@@ -8,8 +8,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from tests.integration.test_node import NodeProcess
 
 WAIT_S = 60.0
@@ -39,9 +37,6 @@ def test_malformed_requests_are_one_log_line_not_a_traceback(tmp_path: Path, bla
     assert len(bad) == 1 and "Bad Header" in bad[0], log[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="edgerun/node.py does not pass service.snapshot_token_file to HttpService yet"
-)
 def test_the_node_asks_for_the_snapshot_token(tmp_path: Path, blazeface_bundle: object) -> None:
     token = tmp_path / "snapshot.token"
     token.write_text("node-camera-token\n")
