@@ -229,6 +229,8 @@ class StationServer:
     async def _headers(self, request: web.Request, response: web.StreamResponse) -> None:
         for key, value in SECURITY_HEADERS.items():
             response.headers.setdefault(key, value)
+        if self.ssl is not None:  # a browser that saw HTTPS once never tries the name in clear again
+            response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
 
     def can_act(self, session: Session | None) -> bool:
         if self.users is not None:

@@ -30,12 +30,14 @@ from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swar
 from edgerun.demo_swarm import free_port as demo_free_port
 from edgerun.fleet.rollout import cohort_position
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
+from edgerun.station.auth import set_password
 from tests.conftest import free_port
 from tests.integration.brokers import REPO, Collector, collecting, wait_for
 from tests.unit.test_ota_release import Fleet, head_variant
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 NODES = ("drone-1", "drone-2", "drone-3")
+OPERATOR, PASSWORD = "alice", "correct horse battery"
 OBJECT_SCHEMA = REPO / "edgerun" / "schema" / "object-v1.json"
 
 pytestmark = [
@@ -125,6 +127,8 @@ def rig(tmp_path, blazeface_bundle):
     fleet.write_keys()
     key_file = tmp_path / "release.key"
     key_file.write_text(fleet.release_keys[0].to_text())
+    users = tmp_path / "station-users"
+    set_password(users, OPERATOR, PASSWORD)
     nodes: list[Node] = []
     station = None
     with run_mosquitto() as broker:
@@ -137,7 +141,8 @@ def rig(tmp_path, blazeface_bundle):
                 nodes.append(Node(tmp_path, index, broker_port=broker.port, fleet=fleet, swarm=swarm))
             station = subprocess.Popen(
                 [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-                 "--bind", f"127.0.0.1:{station_port}", "--signing-key", str(key_file), "--truth", "replay:1",
+                 "--bind", f"127.0.0.1:{station_port}", "--signing-key", str(key_file),
+                 "--root-key", fleet.root_pub_paths[0], "--users", str(users), "--truth", "replay:1",
                  "--root-key", fleet.root_pub_paths[0],
                  "--ground", "replay:1", "--stale-s", "6", "--no-auto-halt",
                  "--node-http", f"drone-1=127.0.0.1:{nodes[0].http_port}"],
@@ -226,6 +231,7 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     # Every fleet object the drones report, from before their first frame (QoS 1, not retained).
     reported = Collector(broker_port, ["edgerun/fleet/objects"]).start()
     until(driver, "the station answering", lambda: _get_ok(driver, rig["url"]), rig, 60)
+    log_in(driver, rig)
 
     # -- nodes and their positions ------------------------------------------------------------------------
     with collecting(broker_port, ["edgerun/+/detections"]) as seen:
@@ -306,8 +312,8 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     until(driver, "the rollout halted", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "halted", rig)
     assert (page(driver, ROLLOUT_JS) or {})["percent"] == 0
     assert "halted by the operator" in page(driver, ROLLOUT_JS)["text"]
-    until(driver, "the halt in the event log",
-          lambda: any("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)), rig, 30)
+    until(driver, "the halt in the event log, with who did it",
+          lambda: any(f"halted at 0% by operator:{OPERATOR}" in e for e in page(driver, EVENTS_JS)), rig, 30)
     time.sleep(1.0)  # a second delta would bring a duplicate (the station hears its own event on the broker)
     assert sum("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)) == 1
     shot = os.environ.get("EDGERUN_STATION_SCREENSHOT")  # the README's picture: a dead node, a halted canary
@@ -344,6 +350,19 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     until(driver, "every node on v3",
           lambda: {r["model"] for r in rows(driver).values()} == {"blazeface_short v3"}, rig, 150)
     assert (page(driver, ROLLOUT_JS) or {}).get("phase") == "complete"
+
+
+def log_in(driver: Any, rig: dict) -> None:
+    """The station wants an operator: the page sends the browser to the login form, which brings it back."""
+    from selenium.webdriver.common.by import By
+
+    assert driver.current_url.endswith("/login"), driver.current_url
+    driver.find_element(By.ID, "user").send_keys(OPERATOR)
+    driver.find_element(By.ID, "password").send_keys(PASSWORD)
+    driver.find_element(By.ID, "login-submit").click()
+    until(driver, "the page after logging in", lambda: driver.title == "edgerun ground station", rig, 30)
+    until(driver, "the operator's name", lambda: page(driver, "return document.getElementById('who').textContent")
+          == f"operator {OPERATOR}", rig, 30)
 
 
 def _get_ok(driver: Any, url: str) -> bool:

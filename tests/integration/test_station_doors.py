@@ -292,6 +292,7 @@ def test_the_station_serves_https_with_a_secure_cookie(tmp_path, users_file):
             ok = login(station, tls=tls)
             assert ok.status == 303, ok.body
             assert "Secure" in ok.headers["Set-Cookie"] and "HttpOnly" in ok.headers["Set-Cookie"]
+            assert ok.headers["Strict-Transport-Security"] == "max-age=31536000"
             session = call(station.port, "GET", "/api/session", {"Cookie": cookie_of(ok)}, tls=tls).json()
             assert session["user"] == "alice"
             # an http:// Origin is not this station's (https) origin
