@@ -1,6 +1,7 @@
 """The ground station end to end: real mosquitto, three real node processes, the station, headless Chromium.
 
-Checks on the page itself: the nodes and their positions appear, fleet objects appear, a SIGKILLed node
+The operator logs in through the station's form first (--users). Checks on the page itself: the nodes and their
+positions appear, fleet objects appear, a SIGKILLed node
 turns dead (the broker's last will), and a halt issued on the page (with its confirmation) stops a
 rollout: a node in the rollout's cohort that comes back after the halt stays on the old model while a
 node of the same cohort that was up took the new one.

@@ -461,3 +461,29 @@ def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, 
             assert driver.current_url.endswith("/login")
         finally:
             station.stop()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
+                    reason="Debian's chromium and chromium-driver are not installed")
+def test_a_browser_on_a_rebound_name_gets_no_page(tmp_path):
+    """Chromium resolves evil.example to 127.0.0.1 (what a rebinding DNS server does): the station refuses it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--host-resolver-rules=MAP evil.example 127.0.0.1"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    with run_mosquitto() as broker:
+        station = StationProc(tmp_path, broker.port)
+        try:
+            driver.get(f"http://evil.example:{station.port}/")
+            assert "is not this station's name" in driver.find_element("tag name", "body").text
+            assert "edgerun ground station" not in driver.title
+            driver.get(f"http://127.0.0.1:{station.port}/")  # the same browser on the station's own address
+            assert wait_for(lambda: driver.title == "edgerun ground station", 15)
+        finally:
+            station.stop()
+            driver.quit()
