@@ -10,6 +10,12 @@ Failures that are not a rejected packet (a refused or timed-out stream, an ICMP 
 counters beside bytes and packets in/out.
 ``loss`` drops that share of received datagrams on purpose (counted apart, as ``injected_loss``): the loopback
 stand-in for a lossy radio link where network namespaces and nftables are not available.
+
+A TCP request is not authenticated until its whole frame has arrived, so what unauthenticated peers can make
+this member hold is bounded across all of them: each accepted connection is charged ``CONNECTION_COST`` and, once
+its 4-byte length prefix is read, the length it declares, against one shared ``unauth_budget_bytes`` (1 MiB).
+A connection that does not fit is closed at once and counted as ``dropped["unauth_budget"]``; nothing is read
+past the length prefix until the body is charged, and the body is read straight into a buffer of that size.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from swarm.keyring import KIND_DATAGRAM, KIND_STREAM_REPLY, KIND_STREAM_REQUEST, Keyring, KeyringError
 
@@ -31,6 +37,8 @@ DatagramHandler = Callable[[str, bytes, Address], None]
 StreamHandler = Callable[[str, bytes, Address], "bytes | None"]
 
 _LENGTH_BYTES = 4
+UNAUTH_BUDGET_BYTES = 1 << 20  # every push-pull state of a swarm of ~1500 members fits; 25 hostile peers cannot grow it
+CONNECTION_COST = 4096  # charged per unauthenticated connection (its objects): 256 idle sockets fill the budget
 _BIND_ATTEMPTS = 20  # port 0: tries this many UDP ports until the same TCP port is free too
 
 
@@ -46,6 +54,116 @@ class _DatagramProtocol(asyncio.DatagramProtocol):
         self._owner.counters["icmp_errors"] += 1
 
 
+class _StreamServer(asyncio.BufferedProtocol):
+    """The serving side of one TCP exchange: a length-prefixed request in, one reply out, then close.
+
+    The socket is read straight into the 4-byte prefix, then into a body buffer of exactly the declared length
+    once the owner's shared budget for unauthenticated bytes has room for it: no reader buffer can grow.
+    """
+
+    def __init__(self, owner: SwarmTransport) -> None:
+        self._owner = owner
+        self._transport: asyncio.Transport | None = None
+        self._addr: Address = ("", 0)
+        self._header = bytearray(_LENGTH_BYTES)
+        self._body: bytearray | None = None
+        self._have = 0
+        self._charged = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._finished = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
+        peer = transport.get_extra_info("peername")
+        self._addr = (peer[0], peer[1]) if peer else ("", 0)
+        self._owner._serving.add(self)
+        if not self._charge(CONNECTION_COST):
+            return
+        self._timer = asyncio.get_running_loop().call_later(self._owner.tcp_timeout_s, self._timed_out)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        target = self._header if self._body is None else self._body
+        if self._finished or self._have >= len(target):
+            return memoryview(bytearray(1))  # past the frame (reading is paused by now): read and ignore
+        return memoryview(target)[self._have :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._finished:
+            return
+        owner = self._owner
+        owner.counters["bytes_in"] += nbytes
+        self._have += nbytes
+        if self._body is None:
+            if self._have < _LENGTH_BYTES:
+                return
+            length = int.from_bytes(self._header, "big")
+            if length == 0:
+                self._finish()
+                return
+            if length > owner.max_stream_bytes:
+                owner._count("oversized", None, self._addr)
+                self._finish()
+                return
+            if not self._charge(length):
+                return
+            self._body, self._have = bytearray(length), 0
+            return
+        if self._have < len(self._body):
+            return
+        request, self._body = bytes(self._body), None
+        self._finish()  # releases the budget: what follows is authenticated or dropped
+        frame = owner._answer(request, self._addr)
+        if frame is not None and self._transport is not None:
+            self._transport.write(frame)
+            owner.counters["bytes_out"] += len(frame)
+
+    def eof_received(self) -> bool | None:
+        return None  # the peer stopped sending: close (connection_lost counts an unfinished frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._finished:
+            self._owner.counters["stream_failures"] += 1  # the peer left in the middle of its request
+        self._finish(close=False)
+        self._owner._serving.discard(self)
+
+    def abort(self) -> None:
+        self._finish(close=False)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _charge(self, n: int) -> bool:
+        """Take ``n`` bytes of the shared budget, or count the drop and close."""
+        if not self._owner._charge_unauth(n):
+            self._owner._count("unauth_budget", None, self._addr)
+            self._finish()
+            return False
+        self._charged += n
+        return True
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        self._owner.counters["stream_timeouts"] += 1
+        self._finish()
+
+    def _finish(self, close: bool = True) -> None:
+        """Stop reading, give back the budget, and close once any reply is written."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._charged:
+            self._owner._release_unauth(self._charged)
+            self._charged = 0
+        self._body = None
+        if self._finished:
+            return
+        self._finished = True
+        if close and self._transport is not None:
+            if not self._transport.is_closing():
+                self._transport.pause_reading()
+            # Called from buffer_updated before the reply is written: close after the write, on the next turn.
+            asyncio.get_running_loop().call_soon(self._transport.close)
+
+
 class SwarmTransport:
     """One member's sockets. Set ``on_datagram`` and ``on_stream`` before ``start``."""
 
@@ -56,6 +174,7 @@ class SwarmTransport:
         *,
         max_packet_bytes: int = 1400,
         max_stream_bytes: int = 4 * 1024 * 1024,
+        unauth_budget_bytes: int = UNAUTH_BUDGET_BYTES,
         tcp_timeout_s: float = 10.0,
         loss: float = 0.0,
         rng: random.Random | None = None,
@@ -67,6 +186,9 @@ class SwarmTransport:
         self.keyring = keyring
         self.max_packet_bytes = max_packet_bytes
         self.max_stream_bytes = max_stream_bytes
+        self.unauth_budget_bytes = unauth_budget_bytes
+        self.unauth_buffered = 0  # bytes charged now to peers not yet authenticated (connections + declared bodies)
+        self.unauth_buffered_peak = 0
         self.tcp_timeout_s = tcp_timeout_s
         self.loss = loss
         self._rng = rng or random.Random()
@@ -77,7 +199,8 @@ class SwarmTransport:
         self.counters: Counter[str] = Counter()
         self._udp: asyncio.DatagramTransport | None = None
         self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.Task[Any]] = set()  # stream exchanges in flight, both directions
+        self._clients: set[asyncio.Task[Any]] = set()  # requests of ours in flight
+        self._serving: set[_StreamServer] = set()  # requests to us in flight
         self.address: Address | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -91,7 +214,7 @@ class SwarmTransport:
             udp, _ = await loop.create_datagram_endpoint(lambda: _DatagramProtocol(self), local_addr=(host, port))
             bound_port = udp.get_extra_info("sockname")[1]
             try:
-                server = await asyncio.start_server(self._serve_stream, host, bound_port)
+                server = await loop.create_server(lambda: _StreamServer(self), host, bound_port)
             except OSError:
                 udp.close()
                 if attempt == attempts - 1:
@@ -108,6 +231,8 @@ class SwarmTransport:
             self._udp = None
         if self._server is not None:
             self._server.close()
+            for serving in list(self._serving):
+                serving.abort()
             await self._server.wait_closed()
             self._server = None
         for task in list(self._clients):
@@ -117,7 +242,7 @@ class SwarmTransport:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {"dropped": dict(self.dropped), **self.counters}
+        return {"dropped": dict(self.dropped), **self.counters, "unauth_buffered_peak": self.unauth_buffered_peak}
 
     # -- datagrams ---------------------------------------------------------------------------------------------
 
@@ -214,49 +339,35 @@ class SwarmTransport:
         self.counters["bytes_in"] += length
         return body
 
-    async def _serve_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        addr: Address = (peer[0], peer[1]) if peer else ("", 0)
-        task = asyncio.current_task()
-        if task is not None:
-            self._clients.add(task)  # close() cancels a handler still waiting on a slow peer
+    def _answer(self, request: bytes, addr: Address) -> bytes | None:
+        """The reply frame to one complete request, or None (rejected: close without a word)."""
         try:
-            request = await asyncio.wait_for(self._read_frame(reader, addr), self.tcp_timeout_s)
-            if request is None:
-                return
+            sender, plaintext = self.keyring.open(request, self._wall(), kind=KIND_STREAM_REQUEST)
+        except KeyringError as exc:
+            self._count(exc.reason, exc, addr)
+            return None
+        self.counters["streams_in"] += 1
+        reply = None
+        if self.on_stream is not None:
             try:
-                sender, plaintext = self.keyring.open(request, self._wall(), kind=KIND_STREAM_REQUEST)
-            except KeyringError as exc:
-                self._count(exc.reason, exc, addr)
-                return
-            self.counters["streams_in"] += 1
-            reply = None
-            if self.on_stream is not None:
-                try:
-                    reply = self.on_stream(sender, plaintext, addr)
-                except Exception:
-                    log.exception("swarm stream handler failed on a request from %s", sender)
-                    self._count("handler_error")
-            if reply is None:
-                frame = (0).to_bytes(_LENGTH_BYTES, "big")
-            else:
-                packet = self.keyring.seal(self.name, reply, self._wall(), kind=KIND_STREAM_REPLY)
-                frame = len(packet).to_bytes(_LENGTH_BYTES, "big") + packet
-            writer.write(frame)
-            await writer.drain()
-            self.counters["bytes_out"] += len(frame)
-        except asyncio.TimeoutError:
-            self.counters["stream_timeouts"] += 1
-        except (OSError, asyncio.IncompleteReadError):
-            self.counters["stream_failures"] += 1
-        finally:
-            if task is not None:
-                self._clients.discard(task)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+                reply = self.on_stream(sender, plaintext, addr)
+            except Exception:
+                log.exception("swarm stream handler failed on a request from %s", sender)
+                self._count("handler_error")
+        if reply is None:
+            return (0).to_bytes(_LENGTH_BYTES, "big")
+        packet = self.keyring.seal(self.name, reply, self._wall(), kind=KIND_STREAM_REPLY)
+        return len(packet).to_bytes(_LENGTH_BYTES, "big") + packet
+
+    def _charge_unauth(self, n: int) -> bool:
+        if self.unauth_buffered + n > self.unauth_budget_bytes:
+            return False
+        self.unauth_buffered += n
+        self.unauth_buffered_peak = max(self.unauth_buffered_peak, self.unauth_buffered)
+        return True
+
+    def _release_unauth(self, n: int) -> None:
+        self.unauth_buffered -= n
 
     # -- accounting --------------------------------------------------------------------------------------------
 
