@@ -34,7 +34,7 @@ from edgerun.ota.errors import OtaError, Rejected, SignatureError
 from edgerun.ota.manifest import canonical_json, encode_manifest, format_time, in_rollout, parse_manifest
 from edgerun.ota.minisign import PublicKey, SecretKey, comment_fields, parse_signatures
 from edgerun.ota.transport import Offer
-from edgerun.ota.transport_mqtt import encode_release, release_topic
+from edgerun.ota.transport_mqtt import connect_blocking, encode_release, release_topic
 
 if TYPE_CHECKING:
     from edgerun.fleet.trusted_release import CheckedRelease
@@ -190,27 +190,35 @@ def check_signing_key(offer: Offer, key: SecretKey) -> None:
 class RolloutControl:
     """Publishes rollout steps (re-signed releases and signed states) to the broker; blocking, use from a thread."""
 
-    def __init__(self, host: str, port: int, key: SecretKey, client_id: str = "edgerun-rollout") -> None:
+    def __init__(self, host: str, port: int, key: SecretKey, client_id: str = "edgerun-rollout",
+                 cfg: Any = None) -> None:
         self.host, self.port, self.key = host, port, key
         self.client_id = client_id
+        self.cfg = cfg  # credentials and TLS (a MqttSinkConfig), for a broker with access control
         self._lock = threading.Lock()
 
     def _publish(self, messages: list[tuple[str, bytes]], timeout: float = 10.0) -> None:
         from edgerun.ota.transport_mqtt import _client
 
         with self._lock:
-            client = _client(f"{self.client_id}-{int(time.time() * 1000) % 100000}")
+            client = _client(f"{self.client_id}-{int(time.time() * 1000) % 100000}", self.cfg)
+            refused: dict[int, str] = {}
+
+            def on_publish(c: Any, u: Any, mid: int, reason: Any = None, props: Any = None) -> None:
+                if getattr(reason, "is_failure", False):  # MQTT 5 PUBACK with an error: the broker's ACL said no
+                    refused[mid] = str(reason)
+
+            client.on_publish = on_publish
+            connect_blocking(client, self.host, self.port)
             try:
-                client.connect(self.host, self.port, keepalive=30)
-            except OSError as err:
-                raise OtaError(f"mqtt://{self.host}:{self.port}: {err.strerror or err}") from None
-            client.loop_start()
-            try:
-                infos = [client.publish(topic, payload, qos=1, retain=True) for topic, payload in messages]
-                for info in infos:
+                infos = [(topic, client.publish(topic, payload, qos=1, retain=True)) for topic, payload in messages]
+                for topic, info in infos:
                     info.wait_for_publish(timeout)
                     if not info.is_published():
                         raise OtaError(f"mqtt://{self.host}:{self.port}: publishing timed out")
+                    if info.mid in refused:
+                        raise OtaError(f"mqtt://{self.host}:{self.port}: the broker refused {topic} "
+                                       f"({refused[info.mid]}): is this the operator's identity?")
             finally:
                 client.disconnect()
                 client.loop_stop()
@@ -256,7 +264,7 @@ def phase_for(percent: float) -> str:
 
 
 def read_topics(
-    host: str, port: int, topics: list[str], seconds: float = 2.0, quiet_s: float | None = 0.3
+    host: str, port: int, topics: list[str], seconds: float = 2.0, quiet_s: float | None = 0.3, cfg: Any = None
 ) -> dict[str, bytes]:
     """The last message on each topic under ``topics`` (wildcards allowed) within ``seconds``.
 
@@ -269,9 +277,6 @@ def read_topics(
     subscribed = threading.Event()
     lock = threading.Lock()
     last = [time.monotonic()]
-
-    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
-        client.subscribe([(t, 1) for t in topics])
 
     def on_subscribe(*args: Any) -> None:
         with lock:
@@ -286,13 +291,10 @@ def read_topics(
                 got.pop(msg.topic, None)
             last[0] = time.monotonic()
 
-    client = _client(f"edgerun-fleet-{int(time.time() * 1000) % 100000}")
-    client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
-    try:
-        client.connect(host, port, keepalive=30)
-    except OSError as err:
-        raise OtaError(f"mqtt://{host}:{port}: {err.strerror or err}") from None
-    client.loop_start()
+    client = _client(f"edgerun-fleet-{int(time.time() * 1000) % 100000}", cfg)
+    client.on_subscribe, client.on_message = on_subscribe, on_message
+    connect_blocking(client, host, port)
+    client.subscribe([(t, 1) for t in topics])
     try:
         if not subscribed.wait(5.0):
             raise OtaError(f"mqtt://{host}:{port}: no answer to the subscription within 5 s")

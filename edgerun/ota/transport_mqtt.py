@@ -104,6 +104,28 @@ def _client(client_id: str, cfg: Any = None) -> Any:
     return client
 
 
+def connect_blocking(client: Any, host: str, port: int, timeout: float = 10.0) -> None:
+    """Connect and start paho's thread; a refused or unreachable broker is one OtaError naming why."""
+    answered = threading.Event()
+    outcome: list[str] = []
+
+    def on_connect(c: Any, u: Any, flags: Any, reason: Any, props: Any = None) -> None:
+        if getattr(reason, "is_failure", False):
+            outcome.append(str(reason))
+        answered.set()
+
+    client.on_connect = on_connect
+    try:
+        client.connect(host, port, keepalive=30)
+    except OSError as err:
+        raise OtaError(f"mqtt://{host}:{port}: {err.strerror or err}") from None
+    client.loop_start()
+    if not answered.wait(timeout) or outcome:
+        client.loop_stop()
+        why = f"refused the connection ({outcome[0]})" if outcome else f"no CONNACK within {timeout:g} s"
+        raise OtaError(f"mqtt://{host}:{port}: {why}")
+
+
 class MqttTransport(Transport):
     KEY = "mqtt"
 
@@ -293,8 +315,7 @@ def publish_release(
     parsed = parse_manifest(manifest)
     files = [f for f in (parsed.target.file, parsed.delta.file if parsed.delta else "") if f]
     client = _client(f"edgerun-ota-publisher-{model}", cfg)
-    client.connect(host, port, keepalive=30)
-    client.loop_start()
+    connect_blocking(client, host, port)
     try:
         pending = []
         for file in files:

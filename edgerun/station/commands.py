@@ -56,6 +56,44 @@ def load_signing_key(path: str | None, args: argparse.Namespace) -> Any:
         raise ConfigError(f"--signing-key: {err}") from None
 
 
+def mqtt_client_config(args: argparse.Namespace, host: str, port: int) -> Any:
+    """Credentials and TLS for the broker from ``--mqtt-user`` and friends (a MqttSinkConfig), or None for none.
+
+    A fleet broker with access control (deploy/mosquitto/) takes the operator's identity for ``fleet publish``,
+    ``promote`` and ``halt``, and the station's identity for ``edgerun station`` and ``fleet status``.
+    """
+    from edgerun.config import MqttSinkConfig
+    from edgerun.sinks.mqtt import build_ssl_context
+
+    user = getattr(args, "mqtt_user", None) or ""
+    password = ""
+    if getattr(args, "mqtt_password_env", None):
+        var = args.mqtt_password_env
+        if var not in os.environ:
+            raise ConfigError(f"--mqtt-password-env {var}: the variable is not set")
+        password = os.environ[var]
+    elif getattr(args, "mqtt_password_file", None):
+        try:
+            password = Path(args.mqtt_password_file).read_text().strip()
+        except OSError as err:
+            raise ConfigError(f"--mqtt-password-file {args.mqtt_password_file}: {err.strerror or err}") from None
+    if password and not user:
+        raise ConfigError("--mqtt-user: a password was given without a user name")
+    for option in ("mqtt_tls_ca", "mqtt_cert", "mqtt_key"):
+        path = getattr(args, option, None)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"--{option.replace('_', '-')} {path}: no such file")
+    if bool(getattr(args, "mqtt_cert", None)) != bool(getattr(args, "mqtt_key", None)):
+        raise ConfigError("--mqtt-cert and --mqtt-key go together")
+    tls = bool(getattr(args, "mqtt_tls", False))
+    if not (user or tls or getattr(args, "mqtt_tls_ca", None) or getattr(args, "mqtt_cert", None)):
+        return None
+    cfg = MqttSinkConfig(host=host, port=port, username=user, password=password, tls=tls,
+                         tls_ca=args.mqtt_tls_ca or "", tls_cert=args.mqtt_cert or "", tls_key=args.mqtt_key or "")
+    build_ssl_context(cfg)  # unreadable or mismatched PEM files fail here, as one line
+    return cfg
+
+
 def load_root_keys(args: argparse.Namespace) -> list[Any]:
     """The fleet's root public keys (``--root-key``, repeatable: files or base64 lines, as in ``ota.root_keys``)."""
     from edgerun.ota.errors import OtaError
@@ -170,6 +208,7 @@ def cmd_station(args: argparse.Namespace) -> int:
         ground, extent = prepare_ground(args.ground, args.ground_extent, workdir)
         options = StationOptions(
             mqtt_host=mqtt_host, mqtt_port=mqtt_port, bind_host=bind_host, bind_port=bind_port, ground=ground,
+            mqtt_cfg=mqtt_client_config(args, mqtt_host, mqtt_port),
             ground_extent=extent,  # type: ignore[arg-type]
             truth=load_truth(args.truth), signing_key=load_signing_key(args.signing_key, args), node_http=node_http,
             root_keys=load_root_keys(args), root_threshold=args.root_threshold,
@@ -239,7 +278,7 @@ def cmd_station_passwd(args: argparse.Namespace) -> int:
 
 
 def fleet_view(host: str, port: int, seconds: float, roots: list[Any] | None = None,
-               threshold: int = 1) -> tuple[Any, dict[str, Any]]:
+               threshold: int = 1, cfg: Any = None) -> tuple[Any, dict[str, Any]]:
     """Listen to the fleet's topics for ``seconds`` and build the same model the station keeps.
 
     Releases are verified against ``roots`` as a node would, and shown unverified without them.
@@ -247,7 +286,7 @@ def fleet_view(host: str, port: int, seconds: float, roots: list[Any] | None = N
     from edgerun.fleet.rollout import read_topics
     from edgerun.station.model import SUBSCRIPTIONS, FleetModel
 
-    messages = read_topics(host, port, SUBSCRIPTIONS, seconds=seconds, quiet_s=None)
+    messages = read_topics(host, port, SUBSCRIPTIONS, seconds=seconds, quiet_s=None, cfg=cfg)
     model = FleetModel()
     now = time.time()
     for topic in sorted(messages, key=lambda t: t.endswith("/status")):  # status last: it decides online/offline
@@ -272,7 +311,8 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
     host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
-    model, rollouts = fleet_view(host, port, args.seconds, load_root_keys(args), args.root_threshold)
+    model, rollouts = fleet_view(host, port, args.seconds, load_root_keys(args), args.root_threshold,
+                                 mqtt_client_config(args, host, port))
     now = time.time()
     nodes = [n.to_json(now, model.stale_s) for n in sorted(model.nodes.values(), key=lambda n: n.id)]
     if args.json:
@@ -311,7 +351,7 @@ def _control(args: argparse.Namespace) -> Any:
 
     key = load_signing_key(args.signing_key, args)
     host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
-    return RolloutControl(host, port, key), host, port
+    return RolloutControl(host, port, key, cfg=mqtt_client_config(args, host, port)), host, port
 
 
 def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, Any]:
@@ -320,7 +360,8 @@ def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, An
     from edgerun.fleet.trusted_release import ReleaseVerifier
     from edgerun.ota.transport_mqtt import TOPIC_PREFIX, release_topic
 
-    retained = read_topics(host, port, [f"{TOPIC_PREFIX}/+", f"{ROLLOUT_PREFIX}/+"])
+    retained = read_topics(host, port, [f"{TOPIC_PREFIX}/+", f"{ROLLOUT_PREFIX}/+"],
+                           cfg=mqtt_client_config(args, host, port))
     models = sorted(t.rsplit("/", 1)[1] for t in retained if t.startswith(TOPIC_PREFIX + "/"))
     model = args.model
     if model is None:
@@ -376,7 +417,7 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     base = load_bundle(args.base) if args.base else None
     if args.fleet_seconds > 0:
         # The delta only helps the nodes that run its base: say what the fleet runs before shipping one.
-        fleet, _ = fleet_view(host, port, args.fleet_seconds)
+        fleet, _ = fleet_view(host, port, args.fleet_seconds, cfg=control.cfg)
         now = time.time()
         # A node that is gone runs nothing (its retained swarm view still names its model).
         running = Counter(
@@ -397,7 +438,7 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     spec = ReleaseSpec(expires_days=args.expires_days, rollout_percent=args.percent, rollout_salt=salt)
     release = build_release(args.release, out, spec, base_path=args.base, key=control.key)
     m = release.manifest
-    publish_release(out, m.name, host, port)
+    publish_release(out, m.name, host, port, cfg=control.cfg)
     phase = "complete" if args.percent >= 100 else "canary"
     state = RolloutState(model=m.name, version=m.version, percent=args.percent, salt=salt, phase=phase,
                          by="operator", ts=time.time(), base_version=base.version if base else None)
@@ -416,7 +457,7 @@ def _step(args: argparse.Namespace, percent: float, phase: str, reason: str) -> 
     control, host, port = _control(args)
     model, checked = _pick_model(args, host, port)
     if percent > 0:
-        print(asyncio.run(check_payload_on_broker(checked, host, port)))
+        print(asyncio.run(check_payload_on_broker(checked, host, port, control.cfg)))
     state = control.step(checked, percent, phase, reason, "operator", _base_version(checked))
     why = f": {reason}" if reason else ""
     print(f"{model} v{state.version}: {phase} at {percent:g}% (salt {state.salt!r}){why}")
@@ -482,7 +523,7 @@ def cmd_fleet_rollback(args: argparse.Namespace) -> int:
         salt = f"{model}-v{version}"
         spec = ReleaseSpec(expires_days=args.expires_days, rollout_percent=args.percent, rollout_salt=salt)
         release = build_release(bundle, out, spec, base_path=args.base, key=control.key)
-        publish_release(out, model, host, port)
+        publish_release(out, model, host, port, cfg=control.cfg)
         phase = "complete" if args.percent >= 100 else "canary"
         control.announce(RolloutState(model=model, version=version, percent=args.percent, salt=salt, phase=phase,
                                       reason=f"rollback: v{old.version}'s model as v{version}", by="operator",
@@ -502,6 +543,17 @@ def add_station_parsers(sub: Any) -> None:
         p.add_argument("--root-threshold", type=int, default=1, metavar="N",
                        help="root signatures keys.json needs (as ota.root_threshold)")
 
+    def broker_login(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("broker login (a fleet broker with access control: deploy/mosquitto/)")
+        g.add_argument("--mqtt-user", default=None, metavar="NAME",
+                       help="MQTT user name (the operator's for publish/promote/halt, the station's to watch)")
+        g.add_argument("--mqtt-password-env", default=None, metavar="VAR", help="the MQTT password is in this variable")
+        g.add_argument("--mqtt-password-file", default=None, metavar="FILE", help="the MQTT password is in this file")
+        g.add_argument("--mqtt-tls", action="store_true", help="TLS to the broker, checked against the system CAs")
+        g.add_argument("--mqtt-tls-ca", default=None, metavar="PEM", help="TLS to the broker, checked against this CA")
+        g.add_argument("--mqtt-cert", default=None, metavar="PEM", help="client certificate for the broker")
+        g.add_argument("--mqtt-key", default=None, metavar="PEM", help="the client certificate's key")
+
     st = sub.add_parser("station", help="the ground station: the fleet on one page, rollout control")
     st.add_argument("--mqtt", default=None, metavar="HOST:PORT", help="the fleet's broker (required)")
     st.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="where the page is served")
@@ -511,6 +563,7 @@ def add_station_parsers(sub: Any) -> None:
     st.add_argument("--signing-key", default=None, metavar="FILE", help="release secret key: enables page actions")
     st.add_argument("--password-env", default=None, help="the signing key's password is in this variable")
     roots(st)
+    broker_login(st)
     st.add_argument("--state-dir", default=None, metavar="DIR",
                     help="keep the rollout step ledger here, so a halt seen before a restart is still known")
     st.add_argument("--node-http", action="append", default=[], metavar="NODE=HOST:PORT",
@@ -545,6 +598,7 @@ def add_station_parsers(sub: Any) -> None:
     def common(p: argparse.ArgumentParser, signing: bool) -> None:
         p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
         roots(p)
+        broker_login(p)
         if signing:
             p.add_argument("--signing-key", required=True, metavar="FILE", help="release secret key")
             p.add_argument("--password-env", default=None, help="the signing key's password is in this variable")

@@ -59,6 +59,7 @@ class ReleaseConflict(ActionRefused):
 class StationOptions:
     mqtt_host: str = "127.0.0.1"
     mqtt_port: int = 1883
+    mqtt_cfg: Any = None  # credentials and TLS (a MqttSinkConfig) for a broker with access control
     bind_host: str = "127.0.0.1"
     bind_port: int = 8080
     ground: Path | None = None
@@ -90,7 +91,8 @@ class Station:
         self.options = options
         self.origin = f"station-{uuid.uuid4().hex[:12]}"
         self.model = FleetModel(stale_s=options.stale_s, origin=self.origin)
-        self.subscriber = FleetSubscriber(options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker)
+        self.subscriber = FleetSubscriber(options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker,
+                                          cfg=options.mqtt_cfg)
         self.clients: set[asyncio.Queue[str]] = set()
         self.rollouts: dict[str, dict[str, Any]] = {}
         self._rollouts_json = ""
@@ -106,7 +108,7 @@ class Station:
             self.verifier = ReleaseVerifier(options.root_keys, options.root_threshold, steps)
         except Rejected as err:
             raise StationConfigError(f"--root-key: {err}") from None
-        self.control = RolloutControl(options.mqtt_host, options.mqtt_port, key) if key else None
+        self.control = RolloutControl(options.mqtt_host, options.mqtt_port, key, cfg=options.mqtt_cfg) if key else None
 
     @property
     def read_only(self) -> bool:
@@ -289,7 +291,8 @@ class Station:
             raise ActionRefused(f"unknown action {action!r} (promote, halt)")
         if action == "promote":
             try:
-                note = await check_payload_on_broker(checked, self.options.mqtt_host, self.options.mqtt_port)
+                note = await check_payload_on_broker(checked, self.options.mqtt_host, self.options.mqtt_port,
+                                                     self.options.mqtt_cfg)
             except RolloutRefused as err:
                 raise ReleaseConflict(str(err)) from None
             log.info("station: %s", note)

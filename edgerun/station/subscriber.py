@@ -30,8 +30,10 @@ class FleetSubscriber:
         *,
         backlog: int = 20000,
         client_id: str = "edgerun-station",
+        cfg: Any = None,
     ) -> None:
         self.host, self.port = host, port
+        self.cfg = cfg  # credentials and TLS (a MqttSinkConfig) for a broker with access control
         self.on_message, self.on_state = on_message, on_state
         self.client_id = client_id
         self.dropped_backlog = 0
@@ -43,12 +45,10 @@ class FleetSubscriber:
         self._stopping = False
 
     def start(self) -> None:
-        import paho.mqtt.client as mqtt
+        from edgerun.ota.transport_mqtt import _client
 
         self._loop = asyncio.get_running_loop()
-        client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5
-        )
+        client = _client(self.client_id, self.cfg)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_connect_fail = self._on_connect_fail
