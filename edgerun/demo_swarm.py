@@ -148,6 +148,8 @@ def ground_station(mqtt: str, seed: int, log_path: Path, timeout_s: float = 20.0
     cmd = [
         sys.executable, "-m", "edgerun", "station", "--mqtt", mqtt, "--bind", f"127.0.0.1:{port}",
         "--ground", f"replay:{seed}", "--truth", f"replay:{seed}",
+        # The demo's drones serve their snapshots on loopback: let the station fetch from there, nowhere else.
+        "--node-net", "127.0.0.0/8",
     ]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
