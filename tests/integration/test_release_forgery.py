@@ -142,6 +142,35 @@ class Rig:
         publish.single(release_topic(MODEL), payload, qos=1, retain=True, hostname="127.0.0.1", port=self.broker.port)
 
 
+def page_rollout(port: int) -> dict[str, Any] | None:
+    """The rollout box as headless Chromium renders it (None where Debian's chromium is not installed)."""
+    import shutil
+
+    if not Path("/usr/bin/chromedriver").exists() or not shutil.which("chromium"):
+        return None
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(f"http://127.0.0.1:{port}/")
+        script = f"""const box = document.querySelector('.rollout[data-model="{MODEL}"]');
+            return box ? {{trust: box.dataset.trust || "", buttons: box.querySelectorAll("button").length,
+                           text: box.innerText}} : null;"""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = driver.execute_script(script)
+            if found is not None:
+                return found
+            time.sleep(0.2)
+        raise AssertionError("the page never showed the release")
+    finally:
+        driver.quit()
+
+
 def ota_events(collector: Any) -> list[dict[str, Any]]:
     out = []
     for message in collector.messages:
@@ -193,6 +222,10 @@ def test_a_forged_release_is_never_shown_signed_or_installed(rig, blazeface_bund
         view = rig.rollout()
         assert view["trust_code"] == "unknown_key" and "signed by unknown key" in view["trust_reason"]
         assert view["verified"] is False and view["cohort"] == {}
+        page = page_rollout(rig.station_port)
+        if page is not None:  # Debian's chromium: what the operator sees is FORGED and no button to press
+            assert page["trust"] == "forged" and page["buttons"] == 0, page
+            assert "FORGED" in page["text"] and "signed by unknown key" in page["text"], page
 
         # 2. Promote on the page: 409, one line, nothing signed.
         status, body = rig.page_action("promote", 100)

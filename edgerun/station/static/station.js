@@ -222,20 +222,28 @@ function renderRollouts() {
   if (!list.length) { $("rollout-list").innerHTML = '<p class="muted">no release on the broker</p>'; return; }
   const dis = S.readOnly ? 'disabled title="read-only: start the station with --signing-key"'
     : !S.canAct ? `disabled title="${S.login ? "log in to act" : "read-only view"}"` : "";
+  const halted = 'disabled title="a halted release is never taken again: publish a new version"';
   $("rollout-list").innerHTML = list.map((r) => {
     if (r.error) return `<div class="rollout">${esc(r.model)}: unreadable release (${esc(r.error)})</div>`;
+    // A release that did not verify against the root keys is no release: shown as what it is, with no action.
+    if (r.trust === "forged" || r.trust === "replayed")
+      return `<div class="rollout" data-model="${esc(r.model)}" data-trust="${esc(r.trust)}">
+        <b>${esc(r.model)} v${r.version}</b> · <span class="badge b-dead">${esc(r.trust.toUpperCase())}</span>
+        not a release: nodes refuse it and the station will not sign it
+        <div class="why">${esc(r.trust_reason)}</div></div>`;
     const v = r.verdict || {};
     const fig = Object.entries(v.figures || {}).map(([k, x]) => `${k} ${x}`).join(", ");
     const active = r.phase === "canary" || r.phase === "promoted";
     return `<div class="rollout" data-model="${esc(r.model)}" data-phase="${esc(r.phase)}" data-percent="${r.percent}">
       <b>${esc(r.model)} v${r.version}</b> · <span class="phase">${esc(r.phase)}</span> at ${r.percent}% ·
       ${r.nodes_on_version} of ${r.nodes} nodes on it${r.by ? ` · by ${esc(r.by)}` : ""}
-      ${r.verified === false ? ' · <span class="why">state signature not verified</span>' : ""}
+      ${r.trust === "unverified" ? ` · <span class="badge b-stale" title="${esc(r.trust_reason)}">UNVERIFIED</span>` : ""}
+      ${r.state_error ? `<div class="why">${esc(r.state_error)}</div>` : ""}
       ${r.reason ? `<div class="why">${esc(r.reason)}</div>` : ""}
       ${v.halt && active ? `<div class="why">canary regression: ${esc(v.reason)}</div>` : ""}
       <div class="muted">${esc(fig)}</div>
-      <div><button data-act="promote" data-percent="50" ${dis}>promote 50%</button>
-      <button data-act="promote" data-percent="100" ${dis}>promote 100%</button>
+      <div><button data-act="promote" data-percent="50" ${dis} ${r.phase === "halted" ? halted : ""}>promote 50%</button>
+      <button data-act="promote" data-percent="100" ${dis} ${r.phase === "halted" ? halted : ""}>promote 100%</button>
       <button class="danger" data-act="halt" ${dis} ${r.phase === "halted" ? "disabled" : ""}>halt</button></div></div>`;
   }).join("");
 }
