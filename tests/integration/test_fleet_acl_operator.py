@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from edgerun.fleet.rollout import read_topics
 from edgerun.ota.transport_mqtt import release_topic
-from tests.integration.test_mqtt_fleet_acl import broker, pytestmark  # noqa: F401 - the shipped-config broker
+from tests.integration.test_mqtt_fleet_acl import _run_broker, pytestmark  # noqa: F401 - same skips and timeout
 from tests.unit.test_ota_release import Fleet, head_variant
 
 MODEL = "blazeface_short"
@@ -34,6 +35,13 @@ def edgerun(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           env=env)
 
 
+@pytest.fixture(scope="module")
+def acl_broker() -> Any:
+    """The shipped deploy/mosquitto config on a free loopback port (as in test_mqtt_fleet_acl)."""
+    with tempfile.TemporaryDirectory(prefix="edgerun-fleet-broker-") as tmp:
+        yield from _run_broker(Path(tmp))
+
+
 @pytest.fixture
 def keys(tmp_path: Path) -> tuple[Fleet, Path]:
     fleet = Fleet(tmp_path / "fleet")
@@ -43,10 +51,11 @@ def keys(tmp_path: Path) -> tuple[Fleet, Path]:
     return fleet, key_file
 
 
-def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(broker: Any, keys: Any, tmp_path: Path,
+def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(acl_broker: Any, keys: Any, tmp_path: Path,
                                                                      blazeface_bundle: Any) -> None:
     from edgerun.config import MqttSinkConfig
 
+    broker = acl_broker
     fleet, key_file = keys
     mqtt = f"127.0.0.1:{broker.port}"
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)

@@ -89,7 +89,8 @@ class Rig:
 
     def start_station(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", self.mqtt, "--bind", f"127.0.0.1:{self.station_port}",
+            [sys.executable, "-m", "edgerun", "station", "--mqtt", self.mqtt,
+             "--bind", f"127.0.0.1:{self.station_port}",
              "--signing-key", str(self.key_file), "--root-key", self.fleet.root_pub_paths[0], "--no-auto-halt"],
             stdout=subprocess.PIPE, stderr=(self.tmp / "station.log").open("w"), text=True)
         self.procs.append(proc)
