@@ -165,3 +165,24 @@ def test_a_station_with_a_signing_key_and_no_root_key_refuses_to_start(tmp_path,
     assert main([*argv, "--root-key", str(tmp_path / "missing.pub")]) == 2
     err = capsys.readouterr().err
     assert "--root-key" in err and "missing.pub" in err and err.count("\n") == 1
+
+
+def test_a_promote_replayed_into_a_watch_directory_after_a_halt_is_refused(tmp_path, blazeface_bundle):
+    """The same attack as over MQTT, through a USB stick: the node kept the halt and refuses the older step."""
+    from tests.unit.test_ota_rejections import Rig
+
+    rig = Rig(tmp_path, blazeface_bundle)
+    rig.trust_keys()
+    rig.fleet.publish(head_variant(blazeface_bundle, tmp_path / "v2", 2), spec=ReleaseSpec(rollout_percent=100.0))
+    folder = rig.fleet.release_dir / MODEL
+    promote = {name: (folder / name).read_bytes() for name in ("manifest.json", "manifest.json.minisig")}
+    offer = Offer("dir", promote["manifest.json"], promote["manifest.json.minisig"].decode())
+    halt = resign(offer, 0.0, rig.fleet.release_keys[0])
+    (folder / "manifest.json").write_bytes(halt.manifest)
+    (folder / "manifest.json.minisig").write_text(halt.manifest_sig)
+    assert rig.poll() == "rejected:not_in_rollout"  # the node was offline for the promote, sees the halt
+    for name, data in promote.items():  # the recorded promote, copied back onto the stick
+        (folder / name).write_bytes(data)
+    assert rig.poll() == "rejected:replayed"
+    assert "rollout step 0 is older than step 1 already verified" in rig.last["reason"]
+    assert rig.updater.store.installed().version == 1
