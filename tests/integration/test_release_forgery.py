@@ -112,6 +112,12 @@ class Rig:
         return subprocess.run([sys.executable, "-m", "edgerun", "fleet", *args, "--mqtt", self.mqtt],
                               capture_output=True, text=True, timeout=120)
 
+    def publish(self, bundle: Path, percent: float) -> None:
+        """``edgerun fleet publish`` as the operator runs it (the station is not asked what the fleet runs)."""
+        done = self.fleet_cli("publish", str(bundle), "--percent", f"{percent:g}", "--keys",
+                              str(self.fleet.release_dir), "--signing-key", str(self.key_file), "--fleet-seconds", "0")
+        assert done.returncode == 0, done.stderr
+
     def signed_step(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.fleet_cli(*args, "--signing-key", str(self.key_file), "--root-key", self.fleet.root_pub_paths[0])
 
@@ -263,9 +269,7 @@ def test_a_promote_replayed_after_a_halt_is_refused_by_node_and_station(rig, bla
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
     # The node is offline while the operator publishes v2 to the whole fleet, then halts it.
     rig.start_station()
-    done = rig.fleet_cli("publish", str(v2.root), "--percent", "100", "--keys", str(rig.fleet.release_dir),
-                         "--signing-key", str(rig.key_file), "--fleet-seconds", "0")
-    assert done.returncode == 0, done.stderr
+    rig.publish(v2.root, 100)
     promote = rig.retained_release()  # what an attacker records
     done = rig.signed_step("halt", "--reason", "bad canary")
     assert done.returncode == 0, done.stderr
@@ -300,9 +304,7 @@ def test_a_halted_release_is_not_promoted_again(rig, blazeface_bundle, tmp_path)
     """A halt is final for its version: the station and the CLI say to publish a new version instead."""
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
     rig.start_station()
-    done = rig.fleet_cli("publish", str(v2.root), "--percent", "10", "--keys", str(rig.fleet.release_dir),
-                         "--signing-key", str(rig.key_file), "--fleet-seconds", "0")
-    assert done.returncode == 0, done.stderr
+    rig.publish(v2.root, 10)
     assert wait_for(lambda: rig.rollout().get("trust") == "verified", 30), rig.rollout()
     status, body = rig.page_action("halt", 0)
     assert status == 200, body
@@ -325,9 +327,7 @@ def test_swapped_payload_chunks_on_the_broker_stop_a_promote(rig, blazeface_bund
 
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
     rig.start_station()
-    done = rig.fleet_cli("publish", str(v2.root), "--percent", "10", "--keys", str(rig.fleet.release_dir),
-                         "--signing-key", str(rig.key_file), "--fleet-seconds", "0")
-    assert done.returncode == 0, done.stderr
+    rig.publish(v2.root, 10)
     target = parse_manifest(decode_release(rig.retained_release(), "t").manifest).target
     evil = bytes(target.size)  # the signed size, other bytes; an index that agrees with them
     chunk = 64 * 1024

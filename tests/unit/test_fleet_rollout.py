@@ -24,7 +24,7 @@ from edgerun.ota.transport import Offer
 from edgerun.ota.trust import TrustStore
 from edgerun.station.canary import CanaryPolicy, judge
 from edgerun.station.model import NodeView
-from tests.unit.test_ota_release import Fleet, head_variant
+from tests.unit.test_ota_release import Fleet
 
 NODES = [f"drone-{i}" for i in range(1000)]
 
@@ -53,21 +53,6 @@ def test_station_predicts_the_cohort_the_updater_computes():
     for node in NODES[:200]:
         for percent in (5.0, 33.0, 70.0):
             assert (cohort_position("s", node) < percent) == in_rollout(Rollout(percent=percent, salt="s"), node)
-
-
-@pytest.fixture(scope="module")
-def released(tmp_path_factory, blazeface_bundle):
-    tmp = tmp_path_factory.mktemp("rollout")
-    fleet = Fleet(tmp / "fleet")
-    fleet.write_keys()
-    from edgerun.ota.release import ReleaseSpec
-
-    v2 = head_variant(blazeface_bundle, tmp / "v2", 2)
-    release = fleet.publish(v2, spec=ReleaseSpec(rollout_percent=10.0, rollout_salt="canary-salt"))
-    d = fleet.release_dir
-    offer = Offer("test", release.manifest_bytes, (release.directory / "manifest.json.minisig").read_text(),
-                  (d / "keys.json").read_bytes(), (d / "keys.json.minisig").read_text())
-    return fleet, offer
 
 
 def _verify(fleet: Fleet, offer: Offer):

@@ -28,19 +28,6 @@ def message(offer: Offer) -> bytes:
     return encode_release(offer.manifest, offer.manifest_sig, offer.keys, offer.keys_sig)
 
 
-@pytest.fixture(scope="module")
-def released(tmp_path_factory, blazeface_bundle):
-    tmp = tmp_path_factory.mktemp("trusted")
-    fleet = Fleet(tmp / "fleet")
-    fleet.write_keys()
-    v2 = head_variant(blazeface_bundle, tmp / "v2", 2)
-    release = fleet.publish(v2, spec=ReleaseSpec(rollout_percent=10.0, rollout_salt="s"))
-    d = fleet.release_dir
-    offer = Offer("test", release.manifest_bytes, (release.directory / "manifest.json.minisig").read_text(),
-                  (d / "keys.json").read_bytes(), (d / "keys.json.minisig").read_text())
-    return fleet, offer
-
-
 def verifier(fleet: Fleet) -> ReleaseVerifier:
     return ReleaseVerifier([k.public_key for k in fleet.root_keys])
 
