@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgerun.ota.commands import add_ota_parser
 
     add_ota_parser(sub)
-    from edgerun.station.commands import add_station_parsers
+    from edgerun.commands.station import add_station_parsers
 
     add_station_parsers(sub)
     from edgerun.fleet.commands import add_swarm_parser

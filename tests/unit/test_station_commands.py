@@ -7,7 +7,7 @@ import json
 import pytest
 
 from edgerun.cli import main
-from edgerun.station.commands import load_truth, parse_hostport, prepare_ground
+from edgerun.commands.station import load_truth, parse_hostport, prepare_ground
 
 
 @pytest.mark.parametrize(
