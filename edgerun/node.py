@@ -27,12 +27,13 @@ from edgerun.decoders import decoder_class
 from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.engines.breadcrumb import Breadcrumbs, default_state_dir
 from edgerun.engines.failover import LAST_RESORT, EventCallback, Failover, FailoverSettings
+from edgerun.engines.runtime import ModelInfo, ModelRuntime
 from edgerun.errors import SourceError
 from edgerun.fleet.member_meta import MemberMeta
 from edgerun.fleet.service import FleetMember
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
-from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
+from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import Served, ServingController
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preflight import preflight

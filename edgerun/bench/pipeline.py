@@ -29,9 +29,10 @@ from edgerun.config import SourceConfig
 from edgerun.decoders import decoder_class
 from edgerun.decoders.base import Decoder
 from edgerun.engines.base import Engine, EngineOptions, engine_class
+from edgerun.engines.runtime import ModelInfo, ModelRuntime
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
-from edgerun.pipeline.runner import ModelInfo, ModelRuntime, Pipeline, PipelineSettings
+from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preprocess import Preprocessor
 from edgerun.sources import make_source

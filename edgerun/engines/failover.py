@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from edgerun.engines.breadcrumb import Breadcrumbs, InFlight
+from edgerun.engines.runtime import FrameLost, ModelRuntime, ProblemReporter
 from edgerun.engines.worker import EngineHang, EngineWorker, call_with_timeout
 from edgerun.errors import EngineError, ModelError
-from edgerun.pipeline.runner import FrameLost, ModelRuntime, ProblemReporter
 
 if TYPE_CHECKING:
     from edgerun.pipeline.serving import ServingController

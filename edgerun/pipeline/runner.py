@@ -27,20 +27,17 @@ import logging
 import os
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import cv2
 import numpy as np
 
-from edgerun.decoders.base import Decoder
-from edgerun.engines.base import Engine
+from edgerun.engines.runtime import FrameLost, ModelRuntime, ProblemReporter
 from edgerun.errors import SourceError
 from edgerun.pipeline.admission import EngineSlots
 from edgerun.pipeline.pool import BLOCK, DROP_NEWEST, FramePool, FrameSlot, Handoff
 from edgerun.pipeline.stats import PipelineStats
-from edgerun.preprocess import Preprocessor
 from edgerun.sources.base import Source
 from edgerun.types import DetectionBatch
 
@@ -60,22 +57,6 @@ def _name_native_thread(name: str) -> None:
         libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
-
-
-class ProblemReporter(Protocol):
-    """The part of health the pipeline uses (``edgerun.service.health.Health``)."""
-
-    def set_problem(self, key: str, reason: str) -> None: ...
-
-    def clear_problem(self, key: str) -> None: ...
-
-
-class FrameLost(Exception):
-    """Raised by an ``InferGuard`` for a frame it gave up on; counted under ``reason``, not logged."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class InferGuard(Protocol):
@@ -115,57 +96,6 @@ def _concurrent_calls(runtime: ModelRuntime) -> int:
 def engine_cpu_threads(engine: object) -> int:
     """CPU threads an engine computes on (0 for accelerators that leave the CPU free)."""
     return int(getattr(engine, "cpu_threads", 0))
-
-
-@dataclass(slots=True)
-class ModelInfo:
-    """What each batch says about the model that produced it."""
-
-    name: str
-    version: int
-    labels: tuple[str, ...]
-
-
-class ModelRuntime:
-    """Everything that depends on the model: engine, preprocessor, decoder, and what batches report.
-
-    The pipeline serves one runtime at a time and can swap to another between
-    two frames (failover to another back end, an OTA model update). A frame
-    keeps the runtime it was preprocessed for until it is decoded, so frames in
-    flight during a swap finish on the model they were prepared for.
-
-    Preprocessors and decoders keep scratch buffers, so each worker thread uses
-    its own copy (``ensure_workers``); index 0 is the one made by the caller.
-    """
-
-    def __init__(self, engine: Engine, preprocessor: Preprocessor, decoder: Decoder, model: ModelInfo) -> None:
-        self.engine = engine
-        self.preprocessors = [preprocessor]
-        self.decoders = [decoder]
-        self.model = model
-        # Engines that take one call at a time are entered under this lock when
-        # several infer threads share them; a no-op for engines that take concurrent calls.
-        self.serial: AbstractContextManager[Any] = (
-            threading.Lock() if getattr(engine, "concurrent_calls", 1) <= 1 else nullcontext()
-        )
-
-    @property
-    def preprocessor(self) -> Preprocessor:
-        return self.preprocessors[0]
-
-    @property
-    def decoder(self) -> Decoder:
-        return self.decoders[0]
-
-    def ensure_workers(self, count: int) -> None:
-        """Per-worker preprocessors and decoders for ``count`` worker threads (made once, before use)."""
-        while len(self.preprocessors) < count:
-            self.preprocessors.append(self.preprocessors[0].clone())
-        while len(self.decoders) < count:
-            self.decoders.append(self.decoders[0].clone())
-
-    def __repr__(self) -> str:
-        return f"ModelRuntime({self.model.name} v{self.model.version} on {self.engine.KEY})"
 
 
 class InOrder:

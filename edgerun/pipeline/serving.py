@@ -25,7 +25,8 @@ from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from edgerun.pipeline.runner import ModelRuntime, Pipeline
+from edgerun.engines.runtime import ModelRuntime
+from edgerun.pipeline.runner import Pipeline
 
 log = logging.getLogger(__name__)
 
