@@ -262,9 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     from edgerun.ota.commands import add_ota_parser
 
     add_ota_parser(sub)
-    from edgerun.commands.station import add_station_parsers
+    from edgerun.commands.station import add_station_parser
 
-    add_station_parsers(sub)
+    add_station_parser(sub)
+    from edgerun.commands.fleet import add_fleet_parser
+
+    add_fleet_parser(sub)
     from edgerun.fleet.commands import add_swarm_parser
 
     add_swarm_parser(sub)
