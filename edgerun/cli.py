@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgerun.commands.fleet import add_fleet_parser
 
     add_fleet_parser(sub)
-    from edgerun.fleet.commands import add_swarm_parser
+    from edgerun.commands.swarm import add_swarm_parser
 
     add_swarm_parser(sub)
     return parser
