@@ -44,12 +44,12 @@ import numpy as np
 
 from edgerun.bench.pipeline import CameraClip, clip_dir, node_layout, open_clip, resolve_bundle, timed_rate
 from edgerun.engines.base import EngineOptions
+from edgerun.engines.factory import build_runtime
 from edgerun.engines.failover import Failover, FailoverSettings
 from edgerun.engines.runtime import ModelRuntime
 from edgerun.engines.tflite import TFLiteEngine
 from edgerun.engines.worker import EngineWorker
 from edgerun.models.bundle import ModelBundle
-from edgerun.node import build_runtime
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import ServingController
 from edgerun.pipeline.stats import PipelineStats

@@ -53,7 +53,7 @@ def node_layout(policy: str, fallback: bool = False) -> tuple[int, int]:
     """(threads, replicas) the node gives its CPU engine under flow-control ``policy`` with default
     settings; ``fallback``: as the last resort behind an accelerator."""
     from edgerun.config import parse_config
-    from edgerun.node import cpu_engine_layout
+    from edgerun.engines.factory import cpu_engine_layout
 
     return cpu_engine_layout(parse_config({"pipeline": {"policy": policy}}), fallback=fallback)
 

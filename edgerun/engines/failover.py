@@ -166,7 +166,7 @@ class Failover:
     pipeline's engine calls (``infer``) while it is in charge.
 
     ``open_runtime(key)`` opens a fresh engine for back end ``key`` and builds
-    its runtime (the Node's ``build_runtime``); it raises ModelError when the
+    its runtime (``edgerun.engines.factory.build_runtime``); it raises ModelError when the
     model does not load there (never re-probed) and EngineError when the back
     end is unusable (re-probed). Keys the bundle has no variant for are passed
     in ``absent`` (key -> why) and never opened.

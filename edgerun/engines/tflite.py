@@ -107,7 +107,7 @@ class TFLiteEngine(Engine):
     def _layout(self, options: EngineOptions) -> tuple[int, int]:
         """(threads per interpreter, interpreters): one interpreter unless asked for more, cores shared out.
 
-        The node chooses replicas for its situation (``edgerun.node.cpu_engine_layout``).
+        The node chooses replicas for its situation (``edgerun.engines.factory.cpu_engine_layout``).
         """
         cores = os.cpu_count() or 1
         replicas = options.replicas or 1

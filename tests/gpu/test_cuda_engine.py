@@ -236,7 +236,7 @@ def trt_bundle(cuda, tmp_path_factory, blazeface_bundle):
 
 def test_tensorrt_engine_runs_and_agrees_with_tflite(trt_bundle, astronaut_rgb):
     from edgerun.engines.base import engine_class
-    from edgerun.node import build_runtime
+    from edgerun.engines.factory import build_runtime
 
     photo = cv2.cvtColor(astronaut_rgb, cv2.COLOR_RGB2BGR)
     size = (photo.shape[1], photo.shape[0])
@@ -263,7 +263,7 @@ def test_tensorrt_serves_and_fails_over_to_the_cpu(trt_bundle, tmp_path):
     import time
 
     from edgerun.config import parse_config
-    from edgerun.node import open_failover
+    from edgerun.engines.factory import open_failover
     from edgerun.service.health import Health
 
     cfg = parse_config({"engine": {"order": ["tensorrt"], "state_dir": str(tmp_path / "state")}})

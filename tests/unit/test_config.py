@@ -153,7 +153,7 @@ def test_cli_odd_key_is_one_line_and_exits_2(tmp_path):
     ],
 )
 def test_cpu_engine_layout(monkeypatch, engine, policy, fallback, want):
-    from edgerun.node import cpu_engine_layout
+    from edgerun.engines.factory import cpu_engine_layout
 
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     cfg = parse_config({"engine": engine, "pipeline": {"policy": policy}})

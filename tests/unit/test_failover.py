@@ -23,13 +23,13 @@ import pytest
 from edgerun.config import EngineConfig, parse_config
 from edgerun.engines.base import EngineOptions
 from edgerun.engines.breadcrumb import RECORD, Breadcrumbs, read_inflight
+from edgerun.engines.factory import build_runtime, open_failover
 from edgerun.engines.failover import ABSENT, BROKEN, FAILED, READY, Failover, FailoverSettings
 from edgerun.engines.runtime import FrameLost
 from edgerun.engines.tflite import TFLiteEngine
 from edgerun.engines.worker import EngineHang, EngineWorker
 from edgerun.errors import ConfigError
 from edgerun.models.bundle import load_bundle
-from edgerun.node import build_runtime, open_failover
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import ServingController
 from edgerun.pipeline.stats import PipelineStats

@@ -20,11 +20,11 @@ pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip instal
 pytest.importorskip("tflite2onnx", reason="tflite2onnx not installed (pip install edgerun[onnx])")
 
 from edgerun.engines.base import ENGINE_MODULES, EngineOptions, engine_class
+from edgerun.engines.factory import build_runtime
 from edgerun.engines.onnx import OnnxEngine, choose_providers, image_layout
 from edgerun.errors import EngineError, ModelError
 from edgerun.models.build_trt import onnx_variant
 from edgerun.models.bundle import load_bundle
-from edgerun.node import build_runtime
 
 
 def bundle_with_onnx(bundle, dest: Path) -> Path:
@@ -163,7 +163,7 @@ def test_the_tensorrt_engine_cache_lives_under_the_state_directory(tmp_path, mon
 
 def test_the_node_hands_its_state_directory_to_accelerator_engines(onnx_bundle, tmp_path):
     from edgerun.config import parse_config
-    from edgerun.node import open_failover
+    from edgerun.engines.factory import open_failover
 
     state = tmp_path / "state"
     cfg = parse_config({"engine": {"order": ["onnx"], "state_dir": str(state)}})

@@ -14,8 +14,8 @@ import pytest
 from edgerun.config import parse_config
 from edgerun.engines import failover as failover_module
 from edgerun.engines.base import EngineOptions, engine_class
+from edgerun.engines.factory import build_runtime
 from edgerun.engines.failover import EngineHang, Failover, call_with_timeout  # defined in engines/worker.py
-from edgerun.node import build_runtime
 
 
 class _Opened:

@@ -12,7 +12,7 @@ import pytest
 
 from edgerun.config import SourceConfig
 from edgerun.engines.base import EngineOptions, engine_class
-from edgerun.node import build_runtime
+from edgerun.engines.factory import build_runtime
 from edgerun.pipeline.runner import InOrder, Pipeline, PipelineSettings
 from edgerun.sources import make_source
 
