@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_listen_parser(sub)
-    from edgerun.ota.commands import add_ota_parser
+    from edgerun.commands.ota import add_ota_parser
 
     add_ota_parser(sub)
     from edgerun.commands.station import add_station_parser

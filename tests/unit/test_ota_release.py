@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from edgerun.commands.ota import verify_release
 from edgerun.models.bundle import ModelBundle
-from edgerun.ota.commands import verify_release
 from edgerun.ota.errors import OtaError, Rejected
 from edgerun.ota.minisign import SecretKey
 from edgerun.ota.release import ReleaseSpec, build_release
