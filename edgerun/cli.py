@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_mcu.set_defaults(func=cmd_model_check_mcu)
 
     try:
-        from edgerun.listen import add_listen_parser
+        from edgerun.commands.listen import add_listen_parser
     except ImportError:
         pass
     else:

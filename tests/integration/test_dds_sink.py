@@ -184,7 +184,8 @@ def test_ros2_subscriber_with_its_own_types_receives_detection2darray(tmp_path: 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
     )
     listener = subprocess.Popen(
-        [PYTHON, "-m", "edgerun.listen", "--dds", "--ros2", "--domain", str(domain), "--count", "2", "--seconds", "60"],
+        [PYTHON, "-m", "edgerun.commands.listen",
+         "--dds", "--ros2", "--domain", str(domain), "--count", "2", "--seconds", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
     )
     procs = [sub, listener]
@@ -226,7 +227,8 @@ def test_ros2_subscriber_with_its_own_types_receives_detection2darray(tmp_path: 
 def test_native_topic_round_trips_through_the_listener() -> None:
     domain = dds_domain_id()
     listener = subprocess.Popen(
-        [PYTHON, "-m", "edgerun.listen", "--dds", "--json", "--domain", str(domain), "--count", "4", "--seconds", "60"],
+        [PYTHON, "-m", "edgerun.commands.listen",
+         "--dds", "--json", "--domain", str(domain), "--count", "4", "--seconds", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
     )
     sent: dict[Any, dict[str, Any]] = {}

@@ -107,12 +107,13 @@ def test_delivers_to_listener_and_mosquitto_sub(validator) -> None:
     count = 5
     with run_mosquitto() as broker:
         listener = subprocess.Popen(
-            [PYTHON, "-m", "edgerun.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--json",
+            [PYTHON, "-m", "edgerun.commands.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--json",
              "--count", str(count), "--seconds", "60"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
         )
         human = subprocess.Popen(
-            [PYTHON, "-m", "edgerun.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--count", "2", "--seconds", "60"],
+            [PYTHON, "-m", "edgerun.commands.listen",
+             "--mqtt", f"127.0.0.1:{broker.port}", "--count", "2", "--seconds", "60"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
         )
         sub = subprocess.Popen(
@@ -449,7 +450,7 @@ def test_listener_skips_malformed_messages() -> None:
 
     with run_mosquitto() as broker:
         listener = subprocess.Popen(
-            [PYTHON, "-m", "edgerun.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--topic", "edgerun/#",
+            [PYTHON, "-m", "edgerun.commands.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--topic", "edgerun/#",
              "--json", "--count", "2", "--seconds", "60", "--max-bytes", "4096"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
         )
