@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import threading
 import time
@@ -31,7 +30,7 @@ import msgspec
 
 from edgerun.errors import EXIT_NEEDS_OPERATOR
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
-from edgerun.ota.manifest import canonical_json, encode_manifest, format_time, in_rollout, parse_manifest
+from edgerun.ota.manifest import canonical_json, encode_manifest, format_time, parse_manifest
 from edgerun.ota.minisign import PublicKey, SecretKey, comment_fields, parse_signatures
 from edgerun.ota.transport import Offer
 from edgerun.ota.transport_mqtt import connect_blocking, encode_release, release_topic
@@ -53,21 +52,6 @@ def rollout_topic(model: str) -> str:
 def default_salt(model: str, version: int) -> str:
     """A fresh cohort for every release, fixed for all of that release's steps."""
     return f"{model}-v{version}"
-
-
-def cohort_position(salt: str, node_id: str) -> float:
-    """Where ``node_id`` sits in [0, 100): it is in a rollout of ``p`` percent exactly when this is below ``p``.
-
-    The same hash the node's updater uses (``in_rollout``), so the station predicts cohorts exactly.
-    """
-    digest = hashlib.sha256(f"{salt}:{node_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 * 100.0
-
-
-def in_cohort(percent: float, salt: str, node_id: str) -> bool:
-    from edgerun.ota.manifest import Rollout
-
-    return in_rollout(Rollout(percent=percent, salt=salt), node_id)
 
 
 @dataclass(frozen=True)

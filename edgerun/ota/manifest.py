@@ -127,12 +127,20 @@ def format_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def cohort_position(salt: str, node_id: str) -> float:
+    """Where ``node_id`` sits in [0, 100) for a release salted ``salt``: a stable hash of salt and node id.
+
+    The node's updater (``in_rollout``) and the station's cohort view both use it, so they agree exactly.
+    """
+    digest = hashlib.sha256(f"{salt}:{node_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 * 100.0
+
+
 def in_rollout(rollout: Rollout, node_id: str) -> bool:
-    """Whether this node is in the release's cohort: a stable hash of salt and node id, below the percent."""
+    """Whether this node is in the release's cohort: its ``cohort_position`` is below the percent."""
     if rollout.percent >= 100.0:
         return True
-    digest = hashlib.sha256(f"{rollout.salt}:{node_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 * 100.0 < rollout.percent
+    return cohort_position(rollout.salt, node_id) < rollout.percent
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
-from edgerun.fleet.rollout import RolloutControl, RolloutRefused, cohort_position, phase_for
+from edgerun.fleet.rollout import RolloutControl, RolloutRefused, phase_for
 from edgerun.fleet.trusted_release import CheckedRelease, ReleaseVerifier, check_payload_on_broker
 from edgerun.ota.errors import Rejected
+from edgerun.ota.manifest import cohort_position
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.station.canary import CanaryPolicy, judge
 from edgerun.station.model import FleetModel, NodeView

@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from edgerun.fleet.rollout import cohort_position, resign
+from edgerun.fleet.rollout import resign
+from edgerun.ota.manifest import cohort_position
 from edgerun.ota.minisign import SecretKey
 from edgerun.ota.release import ReleaseSpec
 from edgerun.ota.transport import RateLimiter, TransportError

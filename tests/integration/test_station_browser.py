@@ -29,7 +29,7 @@ import pytest
 
 from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swarm_key
 from edgerun.demo_swarm import free_port as demo_free_port
-from edgerun.fleet.rollout import cohort_position
+from edgerun.ota.manifest import cohort_position
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.station.auth import set_password
 from tests.conftest import free_port

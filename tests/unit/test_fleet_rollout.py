@@ -11,14 +11,12 @@ import pytest
 from edgerun.fleet.rollout import (
     RolloutState,
     check_signing_key,
-    cohort_position,
     decode_state,
     encode_state,
-    in_cohort,
     resign,
 )
 from edgerun.ota.errors import OtaError, Rejected
-from edgerun.ota.manifest import in_rollout, parse_manifest
+from edgerun.ota.manifest import Rollout, cohort_position, in_rollout, parse_manifest
 from edgerun.ota.minisign import SecretKey
 from edgerun.ota.transport import Offer
 from edgerun.ota.trust import TrustStore
@@ -29,30 +27,34 @@ from tests.unit.test_ota_release import Fleet
 NODES = [f"drone-{i}" for i in range(1000)]
 
 
+def _in(percent: float, salt: str, node: str) -> bool:
+    return in_rollout(Rollout(percent=percent, salt=salt), node)
+
+
 def test_cohorts_are_nested_as_the_percentage_grows():
     salt = "blazeface_short-v2"
     previous: set[str] = set()
     for percent in (1, 10, 25, 50, 90, 100):
-        cohort = {n for n in NODES if in_cohort(percent, salt, n)}
+        cohort = {n for n in NODES if _in(percent, salt, n)}
         assert previous <= cohort, f"a node left the cohort going to {percent}%"
         previous = cohort
     assert previous == set(NODES)
-    assert not any(in_cohort(0, salt, n) for n in NODES)  # a halt takes nobody
+    assert not any(_in(0, salt, n) for n in NODES)  # a halt takes nobody
 
 
 def test_cohort_sizes_follow_the_percentage_and_salts_reshuffle():
-    ten_a = {n for n in NODES if in_cohort(10, "a", n)}
-    ten_b = {n for n in NODES if in_cohort(10, "b", n)}
+    ten_a = {n for n in NODES if _in(10, "a", n)}
+    ten_b = {n for n in NODES if _in(10, "b", n)}
     assert 60 <= len(ten_a) <= 140 and 60 <= len(ten_b) <= 140
     assert len(ten_a & ten_b) < 40  # another release, another canary
 
 
-def test_station_predicts_the_cohort_the_updater_computes():
-    from edgerun.ota.manifest import Rollout
-
-    for node in NODES[:200]:
-        for percent in (5.0, 33.0, 70.0):
-            assert (cohort_position("s", node) < percent) == in_rollout(Rollout(percent=percent, salt="s"), node)
+def test_the_cohort_hash_is_stable_across_versions():
+    """Nodes and stations of different releases must agree on who is in a cohort: the hash is pinned."""
+    ten = [n for n in NODES[:100] if cohort_position("s", n) < 10]
+    assert ten == ["drone-13", "drone-21", "drone-23", "drone-24", "drone-25", "drone-39", "drone-44",
+                   "drone-52", "drone-55", "drone-56", "drone-64", "drone-68", "drone-86", "drone-98"]
+    assert [n for n in NODES[:100] if _in(10, "s", n)] == ten
 
 
 def _verify(fleet: Fleet, offer: Offer):
