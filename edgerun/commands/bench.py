@@ -1,0 +1,47 @@
+"""``edgerun bench``: throughput, latency and memory (or failover, sinks, OTA), written as JSON."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from edgerun.cli import _setup_logging
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level or "warning")
+    if args.sinks:
+        from edgerun.bench.pipeline import run_sinks_bench_command
+
+        return run_sinks_bench_command(args)
+    if args.ota:
+        from edgerun.bench.ota import run_ota_bench_command
+
+        return run_ota_bench_command(args)
+    if args.failover:
+        from edgerun.bench.failover import run_failover_bench_command
+
+        return run_failover_bench_command(args)
+    from edgerun.bench.pipeline import run_bench_command
+
+    return run_bench_command(args)
+
+
+def add_bench_parser(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="measure throughput, latency and memory; writes JSON")
+    bench.add_argument("--model", default=None, help="bundle path or demo name (default: blazeface_short)")
+    bench.add_argument("--seconds", type=float, default=8.0, help="length of each timed phase")
+    bench.add_argument("--soak-seconds", type=float, default=None, help="pipeline phase length for rss_growth_mb")
+    bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
+    bench.add_argument("--table", nargs="*", default=None, metavar="JSON", help="print a table of result files")
+    bench.add_argument(
+        "--failover", action="store_true", help="measure failover instead: time to fallback detections, frames lost"
+    )
+    bench.add_argument(
+        "--sinks", action="store_true", help="measure the sinks instead: MQTT/DDS throughput, latency, pipeline cost"
+    )
+    bench.add_argument("--repeats", type=int, default=10, help="--failover: injected faults of each kind")
+    bench.add_argument(
+        "--ota", action="store_true", help="measure OTA updates instead: delta sizes, apply time, swap gap"
+    )
+    bench.set_defaults(func=cmd_bench)

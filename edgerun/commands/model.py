@@ -1,0 +1,82 @@
+"""``edgerun model inspect | fetch-demo | build-trt | check-mcu``: model bundles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from edgerun.cli import _setup_logging
+
+
+def cmd_model_inspect(args: argparse.Namespace) -> int:
+    from edgerun.models.inspect import inspect_bundle
+
+    report = inspect_bundle(args.path, engine_key=args.engine)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        from edgerun.models.inspect import format_report
+
+        print(format_report(report))
+    return 0
+
+
+def cmd_model_check_mcu(args: argparse.Namespace) -> int:
+    from edgerun.mcu.check import check_mcu_model, parse_size
+
+    result = check_mcu_model(args.model, parse_size(args.arena))
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.format())
+    return 0 if result.ok else 1
+
+
+def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
+    from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
+
+    for name in args.names or list(DEMO_MODELS):
+        bundle = ensure_demo_bundle(name)
+        print(f"{bundle.name} v{bundle.version}: {bundle.root}")
+    return 0
+
+
+def cmd_model_build_trt(args: argparse.Namespace) -> int:
+
+    _setup_logging(args.log_level or "warning")
+    from edgerun.models.build_trt import build_trt_command
+
+    result = build_trt_command(
+        args.source,
+        args.out,
+        fp16=not args.no_fp16,
+        calibration=args.int8,
+        workspace_mb=args.workspace_mb,
+        device=args.device,
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def add_model_parser(sub: Any) -> None:
+    model = sub.add_parser("model", help="model bundles")
+    msub = model.add_subparsers(dest="model_command", required=True)
+    inspect = msub.add_parser("inspect", help="print tensors, quantisation, decoder and a warm-up timing")
+    inspect.add_argument("path", help="bundle directory or .tar")
+    inspect.add_argument("--engine", default="tflite")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(func=cmd_model_inspect)
+    fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")
+    fetch.add_argument("names", nargs="*", help="blazeface_short, pose_detector (default: both)")
+    fetch.set_defaults(func=cmd_model_fetch_demo)
+    build = msub.add_parser("build-trt", help="build a TensorRT engine from an ONNX model or a bundle (on the GPU)")
+    build.add_argument("source", help="a .onnx file, or a bundle directory (gets model.engine as its tensorrt variant)")
+    build.add_argument("--out", default=None, help="engine file (default: beside the ONNX model / in the bundle)")
+    build.add_argument("--no-fp16", action="store_true", help="FP32 only")
+    build.add_argument("--int8", metavar="CALIB", default=None, help="INT8 too, calibrated on a .npy or image folder")
+    build.add_argument("--workspace-mb", type=int, default=1024, help="TensorRT builder workspace")
+    build.add_argument("--device", default="", help="cuda:N (default cuda:0)")
+    build.set_defaults(func=cmd_model_build_trt)
+    check_mcu = msub.add_parser("check-mcu", help="run a .tflite in TFLite Micro: ops supported, arena, invoke time")
+    check_mcu.add_argument("model", help="a .tflite model (int8 for most MCUs)")
+    check_mcu.add_argument("--arena", default="64k", help="the MCU's tensor arena budget (default 64k)")
+    check_mcu.add_argument("--json", action="store_true", help="print the result as JSON")
+    check_mcu.set_defaults(func=cmd_model_check_mcu)
