@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import ctypes
 import hashlib
 import logging
 import os
@@ -40,6 +39,7 @@ import numpy as np
 from edgerun import __version__
 from edgerun.errors import ConfigError, ModelError
 from edgerun.models.bundle import ModelBundle, load_bundle
+from edgerun.ota.clock import Clock, system_clock
 from edgerun.ota.delta import apply_delta
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
 from edgerun.ota.manifest import Manifest, format_time, in_rollout, version_tuple
@@ -79,37 +79,8 @@ class UpdaterHost(Protocol):
 
     def inference_errors(self) -> int: ...
 
-TIME_ERROR = 5  # adjtimex(2): the kernel clock is not synchronised
+
 RETRY_MAX_S = 3600.0
-
-
-# systemd-timesyncd touches this file at every successful synchronisation (systemd-timesyncd.service(8)).
-TIMESYNC_FLAG = Path("/run/systemd/timesync/synchronized")
-
-
-def kernel_clock_synchronised() -> bool | None:
-    """What the kernel says of NTP/PTP sync (adjtimex, read only); None where it cannot tell."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        timex = ctypes.create_string_buffer(512)  # struct timex is 208 bytes on 64-bit Linux; modes=0 reads
-        state = libc.adjtimex(timex)
-    except (OSError, AttributeError):
-        return None
-    if state < 0:
-        return None
-    return state != TIME_ERROR
-
-
-def clock_synchronised() -> bool | None:
-    """Whether the wall clock is synchronised; None where nothing can tell.
-
-    Under the hardened unit adjtimex is denied (ProtectClock= and ~@privileged both remove @clock),
-    so timesyncd's flag file is asked next.
-    """
-    kernel = kernel_clock_synchronised()
-    if kernel is not None:
-        return kernel
-    return True if TIMESYNC_FLAG.exists() else None
 
 
 def load_root_keys(entries: list[str]) -> list[PublicKey]:
@@ -178,9 +149,11 @@ class BatchWatch:
 class Updater:
     """Polls the configured sources and applies releases to the running node."""
 
-    def __init__(self, node: UpdaterHost, cfg: OtaConfig) -> None:
+    def __init__(self, node: UpdaterHost, cfg: OtaConfig, clock: Clock | None = None) -> None:
         self.node = node
         self.cfg = cfg
+        # (now, trusted) for expiry checks; the system clock under ota.clock unless a test hands one in
+        self.clock: Clock = clock or system_clock(lambda: self.cfg.clock)
         self.store = ModelStore(cfg.state_dir or default_state_dir(), max_unpacked_bytes=cfg.max_unpacked_bytes)
         try:
             self.trust = TrustStore(load_root_keys(cfg.root_keys), cfg.root_threshold)
@@ -314,12 +287,6 @@ class Updater:
 
     # -- the state machine ----------------------------------------------------------
 
-    def _clock(self) -> tuple[float, bool]:
-        """(now for expiry checks, whether the clock is trusted)."""
-        mode = self.cfg.clock
-        trusted = mode == "trusted" or (mode == "auto" and bool(clock_synchronised()))
-        return time.time(), trusted
-
     def _trusted_keyring(self, now: float) -> Keyring | None:
         raw = self.store.trust / "keys.json"
         sig = self.store.trust / "keys.json.minisig"
@@ -352,7 +319,7 @@ class Updater:
         """Every check that needs no download; Rejected with the first that fails."""
         inst = self.store.installed()
         assert inst is not None
-        now, clock_trusted = self._clock()
+        now, clock_trusted = self.clock()
         self.status["clock"] = "trusted" if clock_trusted else "untrusted"
         if not clock_trusted:
             if self.cfg.untrusted_clock == "refuse":

@@ -1,8 +1,8 @@
 """Every way a release can be refused: a clear error, and nothing in the model store changes.
 
-The updater runs against a real store, real signed release directories and
-the real demo model, with a stand-in for the node (no pipeline is needed to
-refuse a release).
+The updater runs against a real store, real signed release directories, the
+real demo model and a real ``Node`` that is never built (no pipeline is needed
+to refuse a release).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from edgerun.config import parse_config
+from edgerun.node import Node
+from edgerun.ota.clock import Clock
 from edgerun.ota.manifest import Manifest, Target, encode_manifest, format_time
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.ota.release import ReleaseSpec
@@ -39,7 +41,10 @@ def snapshot(state: Path) -> dict[str, bytes]:
 
 
 class Rig:
-    def __init__(self, tmp: Path, installed, roots: int = 1, releases: int = 2, root_threshold: int = 1, **ota):
+    def __init__(
+        self, tmp: Path, installed, roots: int = 1, releases: int = 2, root_threshold: int = 1,
+        wall_clock: Clock | None = None, **ota,
+    ):
         self.fleet = Fleet(tmp / "fleet", roots=roots, releases=releases)
         self.state = tmp / "state"
         cfg = parse_config(
@@ -55,12 +60,8 @@ class Rig:
                 },
             }
         )
-        self.events: list[tuple[str, dict]] = []
-        # The updater's view of a node (UpdaterHost): no pipeline is needed to judge an offer.
-        self.node = SimpleNamespace(
-            cfg=cfg, node_id="node-7", observers=[], publish_event=lambda kind, data: self.events.append((kind, data))
-        )
-        self.updater = Updater(self.node, cfg.ota)  # type: ignore[arg-type]
+        self.node = Node(cfg)  # never built: judging an offer needs no source, engine or pipeline
+        self.updater = Updater(self.node, cfg.ota, clock=wall_clock)
         self.updater.boot_bundle(lambda: installed)
         self.transport = DirectoryTransport(self.fleet.release_dir)
 
@@ -257,6 +258,17 @@ def test_untrusted_clock_policy_refuse_waits(tmp_path, blazeface_bundle, variant
     rig.fleet.publish(variants["v2"])
     assert rig.poll() == "rejected:clock_untrusted"
     assert rig.last["final"] is False
+
+
+def test_a_trusted_clock_past_the_expiry_refuses_a_fresh_release(tmp_path, blazeface_bundle, variants):
+    later = time.time() + 400 * 86400  # past any default expiry
+    rig = Rig(tmp_path, blazeface_bundle, wall_clock=lambda: (later, True))
+    rig.trust_keys()
+    before = snapshot(rig.state)
+    rig.fleet.publish(variants["v2"])
+    assert rig.poll() == "rejected:expired"
+    assert rig.updater.status["clock"] == "trusted"
+    assert snapshot(rig.state) == before
 
 
 def test_rollout_cohort_is_stable(tmp_path, blazeface_bundle, variants):

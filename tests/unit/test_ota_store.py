@@ -129,13 +129,13 @@ def test_write_slot_refuses_unsafe_tars(tmp_path, payloads):
 
 def test_clock_is_trusted_from_timesyncd_where_adjtimex_is_denied(tmp_path, monkeypatch):
     """Under the unit's seccomp filter adjtimex fails (stood in for here); timesyncd's flag file then decides."""
-    from edgerun.ota import updater
+    from edgerun.ota import clock
 
     flag = tmp_path / "synchronized"
-    monkeypatch.setattr(updater, "TIMESYNC_FLAG", flag)
-    monkeypatch.setattr(updater, "kernel_clock_synchronised", lambda: None)
-    assert updater.clock_synchronised() is None  # nothing can tell: an untrusted clock
+    monkeypatch.setattr(clock, "TIMESYNC_FLAG", flag)
+    monkeypatch.setattr(clock, "kernel_clock_synchronised", lambda: None)
+    assert clock.clock_synchronised() is None  # nothing can tell: an untrusted clock
     flag.touch()
-    assert updater.clock_synchronised() is True
-    monkeypatch.setattr(updater, "kernel_clock_synchronised", lambda: False)
-    assert updater.clock_synchronised() is False  # the kernel's own word wins where it can be read
+    assert clock.clock_synchronised() is True
+    monkeypatch.setattr(clock, "kernel_clock_synchronised", lambda: False)
+    assert clock.clock_synchronised() is False  # the kernel's own word wins where it can be read
