@@ -106,9 +106,6 @@ class MemNet:
             if on:
                 self.blocked |= {(a, b, kind), (b, a, kind)}
 
-    def unblock(self) -> None:
-        self.blocked = set()
-
     def reachable(self, a: Addr, b: Addr, kind: str = "udp") -> bool:
         if self.blocked and (a, b, kind) in self.blocked:
             return False

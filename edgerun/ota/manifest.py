@@ -21,13 +21,11 @@ from edgerun.ota.errors import Rejected
 
 MANIFEST_SCHEMA = "edgerun.ota.manifest/1"
 MAX_MANIFEST = 64 * 1024
-DELTA_ALGORITHMS = ("bsdiff4", "zstd")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-# File names are joined to directories, URLs and MQTT topics: keep them plain.
-FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 Sha256 = Annotated[str, msgspec.Meta(pattern=SHA256_RE.pattern)]
+# File names are joined to directories, URLs and MQTT topics: keep them plain.
 FileName = Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")]
 Size = Annotated[int, msgspec.Meta(ge=1, le=1 << 34)]
 

@@ -41,7 +41,6 @@ from edgerun.ota.payload import DEFAULT_MAX_UNPACKED, check_unpacked_size, sha25
 
 log = logging.getLogger(__name__)
 
-SLOTS = ("a", "b")
 PAYLOAD = "payload.tar"
 INSTALLED_SCHEMA = "edgerun.ota.installed/1"
 # Fault injection for tests: the process SIGKILLs itself right after journalling this step.

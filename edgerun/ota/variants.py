@@ -77,14 +77,6 @@ def perturb_weights(
     return bytes(out), changed
 
 
-def pad_model(data: bytes, size: int) -> bytes:
-    """The model followed by copies of itself up to ``size`` bytes (ignored by the interpreter)."""
-    if len(data) >= size:
-        return data
-    reps = -(-size // len(data))
-    return (data * reps)[:size]
-
-
 def derive_bundle(base: ModelBundle, out_dir: Path, version: int, model: bytes) -> ModelBundle:
     """A copy of ``base`` at ``version`` whose tflite variant is ``model``."""
     out_dir = Path(out_dir)

@@ -34,10 +34,6 @@ class EngineSlots:
     def limit(self) -> int:
         return self._limit
 
-    @property
-    def in_use(self) -> int:
-        return self._in_use
-
     def resize(self, limit: int) -> None:
         """The serving runtime changed: ``limit`` calls at once from now on."""
         with self._cond:
