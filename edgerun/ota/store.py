@@ -27,10 +27,9 @@ import json
 import logging
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import msgspec
 
@@ -43,8 +42,6 @@ log = logging.getLogger(__name__)
 
 PAYLOAD = "payload.tar"
 INSTALLED_SCHEMA = "edgerun.ota.installed/1"
-# Fault injection for tests: the process SIGKILLs itself right after journalling this step.
-CRASH_ENV = "EDGERUN_OTA_CRASH_AT"
 STEPS = ("begin", "staged", "warmed", "trial", "commit", "rollback", "aborted", "done")
 JOURNAL_KEEP = 400  # lines kept when the journal is compacted at the start of an update
 
@@ -120,6 +117,8 @@ class ModelStore:
         self.trust = self.root / "trust"
         self.status_path = self.root / "status.json"
         self._decoder = msgspec.json.Decoder(Installed)
+        # Called with each step once it is on disk; set only by the test-control layer (edgerun.testing.control).
+        self.after_journal: Callable[[str], None] | None = None
 
     def ensure_dirs(self) -> None:
         for path in (self.root, self.slots, self.staging, self.trust):
@@ -143,7 +142,7 @@ class ModelStore:
     # -- journal ---------------------------------------------------------------
 
     def journal(self, txn: int, step: str, **data: Any) -> None:
-        """Append one step and fsync it; the fault-injection hook may kill the process right after."""
+        """Append one step and fsync it, then tell ``after_journal`` (a test's power cut may strike there)."""
         record = {"txn": txn, "step": step, "t": round(time.time(), 3), **data}
         line = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
         with open(self.journal_path, "a+b") as f:
@@ -154,9 +153,8 @@ class ModelStore:
             f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
-        if os.environ.get(CRASH_ENV) == step:
-            log.warning("fault injection: %s=%s, killing the process", CRASH_ENV, step)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.after_journal is not None:
+            self.after_journal(step)
 
     def journal_records(self) -> list[dict[str, Any]]:
         try:

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from edgerun.engines.base import ENGINE_MODULES, EngineOptions
 from edgerun.engines.tflite import TFLiteEngine
 from edgerun.errors import SourceError
-from edgerun.ota.store import CRASH_ENV, STEPS
+from edgerun.ota.store import STEPS
 from edgerun.testing.faults import FaultInjectingEngine, FaultPlan
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class ControlServer:
         self.path = Path(path)
         self.skew_s = 0.0
         self.camera_present = True
+        self.ota_crash_at = ""
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -124,11 +126,7 @@ class ControlServer:
             self.set_camera(bool(request["present"]))
             return {"ok": True, **self.state()}
         if cmd == "ota_crash_at":
-            step = str(request["step"])
-            if step not in STEPS:
-                raise ValueError(f"unknown OTA step {step!r}")
-            os.environ[CRASH_ENV] = step  # read by ModelStore after each journal line
-            log.warning("test control: SIGKILL after OTA step %s", step)
+            self.set_ota_crash(str(request["step"]))
             return {"ok": True, **self.state()}
         raise ValueError(f"unknown command {cmd!r}")
 
@@ -139,7 +137,7 @@ class ControlServer:
             "accelerator_faults": ACCELERATOR_PLAN.faults,
             "clock_skew_s": self.skew_s,
             "camera_present": self.camera_present,
-            "ota_crash_at": os.environ.get(CRASH_ENV, ""),
+            "ota_crash_at": self.ota_crash_at,
         }
 
     def set_skew(self, seconds: float) -> None:
@@ -147,6 +145,23 @@ class ControlServer:
         self.skew_s = seconds
         time.time = (lambda: _real_time() + seconds) if seconds else _real_time  # type: ignore[assignment]
         log.warning("test control: wall clock skewed by %+.1f s", seconds)
+
+    def set_ota_crash(self, step: str) -> None:
+        """A power cut right after the updater journals ``step``: the process SIGKILLs itself there."""
+        if step not in STEPS:
+            raise ValueError(f"unknown OTA step {step!r}")
+        updater = getattr(self.node, "updater", None)
+        if updater is None:
+            raise ValueError("OTA is not enabled on this node (ota.enabled)")
+
+        def power_cut(done: str) -> None:
+            if done == step:
+                log.warning("test control: OTA step %s journalled, killing the process", step)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        updater.store.after_journal = power_cut
+        self.ota_crash_at = step
+        log.warning("test control: SIGKILL after OTA step %s", step)
 
     def set_camera(self, present: bool) -> None:
         """A camera that disappears: reads and reopens raise SourceError until it is back."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +22,7 @@ CRASH_STEPS = ["begin", "staged", "warmed", "trial", "commit", "done"]
 
 class OtaNode:
     def __init__(
-        self, tmp: Path, fleet: Fleet, state: Path, name: str, env: dict[str, str] | None = None, extra: str = "", **ota
+        self, tmp: Path, fleet: Fleet, state: Path, name: str, extra: str = "", control: Path | None = None, **ota
     ):
         self.jsonl = tmp / f"{name}.jsonl"
         self.stderr_path = tmp / f"{name}.log"
@@ -55,12 +55,24 @@ http_port = {free_port()}
 {extra}
 """
         )
+        # control: the node's test-control socket (edgerun run --test-control), for injected faults
+        self.control_path = control
+        test_control = ["--test-control", str(control)] if control else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "run", "-c", str(cfg)],
+            [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), *test_control],
             stdout=subprocess.DEVNULL,
             stderr=self.stderr_path.open("w"),
-            env={**os.environ, **(env or {})},
         )
+
+    def control(self, request: dict) -> dict:
+        """One command on the test-control socket, once the node listens there."""
+        assert self.control_path is not None
+        self.wait_for("the test-control socket", self.control_path.exists)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10.0)
+            sock.connect(str(self.control_path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            return json.loads(sock.makefile("rb").readline())
 
     def records(self) -> list[dict]:
         return read_records(self.jsonl)
@@ -178,9 +190,10 @@ def test_a_model_that_fails_its_health_window_is_rolled_back(tmp_path, nodes, v2
 def test_sigkill_at_every_journal_step_leaves_a_working_model(step, tmp_path, nodes, v2_bundle):
     fleet = Fleet(tmp_path / "fleet")
     fleet.write_keys()
-    fleet.publish(v2_bundle)
     state = tmp_path / "state"
-    first = nodes(tmp_path, fleet, state, "first", env={"EDGERUN_OTA_CRASH_AT": step}, health_window_s=0.5)
+    first = nodes(tmp_path, fleet, state, "first", control=tmp_path / "first.sock", health_window_s=0.5)
+    assert first.control({"cmd": "ota_crash_at", "step": step})["ota_crash_at"] == step
+    fleet.publish(v2_bundle)  # after the power cut is armed, so the first update meets it
     assert first.proc.wait(60) == -signal.SIGKILL, first.log()[-3000:]
     journal = ModelStore(state).journal_records()
     assert journal[-1]["step"] == step

@@ -6,32 +6,43 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from edgerun.config import parse_config
 from edgerun.errors import SourceError
-from edgerun.ota.store import CRASH_ENV
+from edgerun.node import Node
+from edgerun.ota.updater import Updater
 from edgerun.sources.replay import ReplaySource
 from edgerun.testing.control import ACCELERATOR_PLAN, ControlServer
 from tests.conftest import REPO
+from tests.unit.test_ota_release import Fleet
 
 
 @pytest.fixture
 def control(tmp_path):
-    source = ReplaySource(parse_config({"source": {"kind": "replay", "replay": {"width": 160, "height": 120}}})
-                          .source.replay)
+    """The server on a real node that is not built (no pipeline runs): its source and updater are made by hand."""
+    fleet = Fleet(tmp_path / "fleet")
+    cfg = parse_config({
+        "node": {"id": "n1"},
+        "source": {"kind": "replay", "replay": {"width": 160, "height": 120}},
+        "ota": {"enabled": True, "state_dir": str(tmp_path / "state"), "root_keys": fleet.root_pub_paths,
+                "watch_dir": str(fleet.release_dir)},
+    })
+    node = Node(cfg)
+    node.source = source = ReplaySource(cfg.source.replay)
+    node.updater = Updater(node, cfg.ota)
+    node.updater.store.ensure_dirs()
     source.open()
-    server = ControlServer(SimpleNamespace(node_id="n1", source=source), tmp_path / "c.sock")
+    server = ControlServer(node, tmp_path / "c.sock")
     yield server, source
     server.set_skew(0.0)
     ACCELERATOR_PLAN.clear()
-    os.environ.pop(CRASH_ENV, None)
     source.close()
 
 
@@ -68,7 +79,20 @@ def test_accelerator_and_power_cut_commands_arm_the_faults(control):
     assert server.handle({"cmd": "accelerator", "mode": "raise"})["accelerator"] == "raise"
     assert server.handle({"cmd": "accelerator", "mode": "clear"})["accelerator"] == "ok"
     assert server.handle({"cmd": "ota_crash_at", "step": "staged"})["ota_crash_at"] == "staged"
-    assert os.environ[CRASH_ENV] == "staged"
+    store = server.node.updater.store
+    store.journal(1, "begin")  # not the armed step: the process lives on
+    pid = os.fork()
+    if pid == 0:  # the child journals the armed step and must die right after it is on disk
+        try:
+            store.journal(1, "staged")
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert [r["step"] for r in store.journal_records()] == ["begin", "staged"]
+    without_ota = ControlServer(Node(parse_config({})), server.path)
+    with pytest.raises(ValueError, match="OTA is not enabled"):
+        without_ota.handle({"cmd": "ota_crash_at", "step": "staged"})
     with pytest.raises(ValueError, match="unknown OTA step 'lunch'"):
         server.handle({"cmd": "ota_crash_at", "step": "lunch"})
     with pytest.raises(ValueError, match="unknown fault mode 'melt'"):
