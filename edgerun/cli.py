@@ -7,25 +7,20 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any, Callable
 
 from edgerun import __version__
+from edgerun.commands.bench import add_bench_parser
+from edgerun.commands.demo import add_demo_parser
+from edgerun.commands.doctor import add_doctor_parser
+from edgerun.commands.fleet import add_fleet_parser
+from edgerun.commands.model import add_model_parser
+from edgerun.commands.ota import add_ota_parser
+from edgerun.commands.run import add_run_parser
+from edgerun.commands.station import add_station_parser
+from edgerun.commands.swarm import add_swarm_parser
 from edgerun.errors import EdgerunError
-
-
-def _setup_logging(level: str) -> None:
-    from edgerun.service.journal import JournalHandler, journal_stream_is
-
-    if journal_stream_is(sys.stderr):  # under systemd: structured journal entries instead of plain lines
-        logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[JournalHandler()])
-        return
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,12 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edgerun {__version__}")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
     sub = parser.add_subparsers(dest="command", required=True)
-
-    from edgerun.commands.bench import add_bench_parser
-    from edgerun.commands.demo import add_demo_parser
-    from edgerun.commands.doctor import add_doctor_parser
-    from edgerun.commands.model import add_model_parser
-    from edgerun.commands.run import add_run_parser
 
     add_run_parser(sub)
     add_demo_parser(sub)
@@ -51,17 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_listen_parser(sub)
-    from edgerun.commands.ota import add_ota_parser
-
     add_ota_parser(sub)
-    from edgerun.commands.station import add_station_parser
-
     add_station_parser(sub)
-    from edgerun.commands.fleet import add_fleet_parser
-
     add_fleet_parser(sub)
-    from edgerun.commands.swarm import add_swarm_parser
-
     add_swarm_parser(sub)
     return parser
 

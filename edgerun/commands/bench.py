@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edgerun.cli import _setup_logging
+from edgerun.commands.options import setup_logging
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning")
     if args.sinks:
         from edgerun.bench.pipeline import run_sinks_bench_command
 

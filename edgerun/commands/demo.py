@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgerun.cli import _setup_logging
+from edgerun.commands.options import setup_logging
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -16,7 +16,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from edgerun.demo import demo_config, format_summary, run_demo
 
-    _setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     live = sys.stderr.isatty() and not args.quiet

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from edgerun.commands.station import (
+from edgerun.commands.options import (
     add_broker_login_options,
     add_root_key_options,
     load_root_keys,

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from edgerun.cli import _setup_logging
+from edgerun.commands.options import setup_logging
 
 
 def cmd_model_inspect(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
 
 def cmd_model_build_trt(args: argparse.Namespace) -> int:
 
-    _setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning")
     from edgerun.models.build_trt import build_trt_command
 
     result = build_trt_command(

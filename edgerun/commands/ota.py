@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgerun.commands.options import ask_new_password, first_stdin_line, key_password, parse_hostport
 from edgerun.errors import EXIT_NEEDS_OPERATOR
 from edgerun.ota.errors import OtaError
 
@@ -28,16 +29,6 @@ class KeygenUsageError(OtaError):
     """No way to get the new secret key's password (a usage error: exit 2)."""
 
     exit_code = EXIT_NEEDS_OPERATOR
-
-
-def _password(args: argparse.Namespace) -> bytes | None:
-    var = getattr(args, "password_env", None)
-    if not var:
-        return None
-    value = os.environ.get(var)
-    if value is None:
-        raise OtaError(f"--password-env {var}: the variable is not set")
-    return value.encode()
 
 
 def _new_key_password(args: argparse.Namespace) -> bytes | None:
@@ -49,12 +40,12 @@ def _new_key_password(args: argparse.Namespace) -> bytes | None:
     if args.no_password:
         return None
     if args.password_stdin:
-        line = sys.stdin.readline().rstrip("\r\n")
+        line = first_stdin_line()
         if not line:
             raise KeygenUsageError("ota keygen: --password-stdin: no password on standard input")
         return line.encode()
     if args.password_env:
-        password = _password(args)
+        password = key_password(args, OtaError)
         if not password:
             raise KeygenUsageError(f"ota keygen: --password-env {args.password_env}: the variable is empty")
         return password
@@ -63,14 +54,11 @@ def _new_key_password(args: argparse.Namespace) -> bytes | None:
             "ota keygen: not a terminal: give the secret key's password with --password-env VAR or "
             "--password-stdin, or pass --no-password to write it unencrypted"
         )
-    import getpass
-
-    first = getpass.getpass("Password for the new secret key: ")
-    if not first:
-        raise KeygenUsageError("ota keygen: empty password (pass --no-password to write the key unencrypted)")
-    if getpass.getpass("Password (one more time): ") != first:
-        raise KeygenUsageError("ota keygen: the passwords do not match")
-    return first.encode()
+    return ask_new_password(
+        "Password for the new secret key: ", "Password (one more time): ",
+        mismatch=KeygenUsageError("ota keygen: the passwords do not match"),
+        empty=KeygenUsageError("ota keygen: empty password (pass --no-password to write the key unencrypted)"),
+    ).encode()
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -111,7 +99,7 @@ def _default_trusted_comment(path: Path, data: bytes) -> str:
 def cmd_sign(args: argparse.Namespace) -> int:
     from edgerun.ota.minisign import SecretKey, parse_signatures
 
-    key = SecretKey.load(args.seckey, _password(args))
+    key = SecretKey.load(args.seckey, key_password(args, OtaError))
     path = Path(args.message)
     data = path.read_bytes()
     comment = args.trusted_comment or _default_trusted_comment(path, data)
@@ -170,7 +158,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     if not args.seckey and not args.unsigned:
         raise OtaError("publish: give -s RELEASE.key, or --unsigned to sign manifest.json yourself with minisign")
-    key = SecretKey.load(args.seckey, _password(args)) if args.seckey else None
+    key = SecretKey.load(args.seckey, key_password(args, OtaError)) if args.seckey else None
     spec = ReleaseSpec(
         expires_days=args.expires_days,
         boards=args.board,
@@ -196,8 +184,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if args.mqtt:
         from edgerun.ota.transport_mqtt import publish_release
 
-        host, _, port = args.mqtt.rpartition(":")
-        publish_release(Path(args.to), m.name, host or "127.0.0.1", int(port))
+        host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
+        publish_release(Path(args.to), m.name, host, port)
         print(f"  published to mqtt://{args.mqtt} edgerun/fleet/releases/{m.name} (retained)")
     return 0
 

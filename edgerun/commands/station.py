@@ -5,109 +5,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from edgerun.commands.options import (
+    add_broker_login_options,
+    add_root_key_options,
+    ask_new_password,
+    first_stdin_line,
+    load_root_keys,
+    load_signing_key,
+    mqtt_client_config,
+    parse_hostport,
+    setup_logging,
+)
 from edgerun.errors import ConfigError
 
-# -- option parsing ------------------------------------------------------------------------
-
-
-def parse_hostport(text: str, what: str, default_port: int) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = text, str(default_port)
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
-    return host, number
-
-
-def _password(args: argparse.Namespace) -> bytes | None:
-    var = getattr(args, "password_env", None)
-    if not var:
-        return None
-    if var not in os.environ:
-        raise ConfigError(f"--password-env {var}: the variable is not set")
-    return os.environ[var].encode()
-
-
-def load_signing_key(path: str | None, args: argparse.Namespace) -> Any:
-    if not path:
-        return None
-    from edgerun.ota.errors import OtaError
-    from edgerun.ota.minisign import SecretKey
-
-    try:
-        return SecretKey.load(path, _password(args))
-    except OSError as err:
-        raise ConfigError(f"--signing-key {path}: {err.strerror or err}") from None
-    except OtaError as err:
-        raise ConfigError(f"--signing-key: {err}") from None
-
-
-def mqtt_client_config(args: argparse.Namespace, host: str, port: int) -> Any:
-    """Credentials and TLS for the broker from ``--mqtt-user`` and friends (a MqttSinkConfig), or None for none.
-
-    A fleet broker with access control (deploy/mosquitto/) takes the operator's identity for ``fleet publish``,
-    ``promote`` and ``halt``, and the station's identity for ``edgerun station`` and ``fleet status``.
-    """
-    from edgerun.config import MqttSinkConfig
-    from edgerun.sinks.mqtt import build_ssl_context
-
-    user = getattr(args, "mqtt_user", None) or ""
-    password = ""
-    if getattr(args, "mqtt_password_env", None):
-        var = args.mqtt_password_env
-        if var not in os.environ:
-            raise ConfigError(f"--mqtt-password-env {var}: the variable is not set")
-        password = os.environ[var]
-    elif getattr(args, "mqtt_password_file", None):
-        try:
-            password = Path(args.mqtt_password_file).read_text().strip()
-        except OSError as err:
-            raise ConfigError(f"--mqtt-password-file {args.mqtt_password_file}: {err.strerror or err}") from None
-    if password and not user:
-        raise ConfigError("--mqtt-user: a password was given without a user name")
-    for option in ("mqtt_tls_ca", "mqtt_cert", "mqtt_key"):
-        path = getattr(args, option, None)
-        if path and not Path(path).is_file():
-            raise ConfigError(f"--{option.replace('_', '-')} {path}: no such file")
-    if bool(getattr(args, "mqtt_cert", None)) != bool(getattr(args, "mqtt_key", None)):
-        raise ConfigError("--mqtt-cert and --mqtt-key go together")
-    tls = bool(getattr(args, "mqtt_tls", False))
-    if not (user or tls or getattr(args, "mqtt_tls_ca", None) or getattr(args, "mqtt_cert", None)):
-        return None
-    cfg = MqttSinkConfig(host=host, port=port, username=user, password=password, tls=tls,
-                         tls_ca=args.mqtt_tls_ca or "", tls_cert=args.mqtt_cert or "", tls_key=args.mqtt_key or "")
-    build_ssl_context(cfg)  # unreadable or mismatched PEM files fail here, as one line
-    return cfg
-
-
-def load_root_keys(args: argparse.Namespace) -> list[Any]:
-    """The fleet's root public keys (``--root-key``, repeatable: files or base64 lines, as in ``ota.root_keys``)."""
-    from edgerun.ota.errors import OtaError
-    from edgerun.ota.updater import load_root_keys as parse_roots
-
-    entries = getattr(args, "root_key", None) or []
-    try:
-        roots = parse_roots(entries)
-    except OSError as err:
-        raise ConfigError(f"--root-key: {err.filename}: {err.strerror or err}") from None
-    except OtaError as err:
-        raise ConfigError(f"--root-key: {err}") from None
-    threshold = getattr(args, "root_threshold", 1)
-    if roots and not 1 <= threshold <= len(roots):
-        raise ConfigError(f"--root-threshold {threshold}: needs 1..{len(roots)} (the root keys given)")
-    return roots
+# -- ground and truth ----------------------------------------------------------------------
 
 
 def load_truth(spec: str | None) -> list[dict[str, Any]]:
@@ -171,34 +88,13 @@ def prepare_ground(spec: str | None, extent: str | None, workdir: Path) -> tuple
     return path, bounds
 
 
-def add_root_key_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root-key", action="append", default=[], metavar="FILE",
-                   help="a root public key of the fleet, as the nodes have it (repeat): releases on the broker "
-                        "are verified against it before they are shown or signed; required with --signing-key")
-    p.add_argument("--root-threshold", type=int, default=1, metavar="N",
-                   help="root signatures keys.json needs (as ota.root_threshold)")
-
-
-def add_broker_login_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("broker login (a fleet broker with access control: deploy/mosquitto/)")
-    g.add_argument("--mqtt-user", default=None, metavar="NAME",
-                   help="MQTT user name (the operator's for publish/promote/halt, the station's to watch)")
-    g.add_argument("--mqtt-password-env", default=None, metavar="VAR", help="the MQTT password is in this variable")
-    g.add_argument("--mqtt-password-file", default=None, metavar="FILE", help="the MQTT password is in this file")
-    g.add_argument("--mqtt-tls", action="store_true", help="TLS to the broker, checked against the system CAs")
-    g.add_argument("--mqtt-tls-ca", default=None, metavar="PEM", help="TLS to the broker, checked against this CA")
-    g.add_argument("--mqtt-cert", default=None, metavar="PEM", help="client certificate for the broker")
-    g.add_argument("--mqtt-key", default=None, metavar="PEM", help="the client certificate's key")
-
-
 # -- edgerun station -----------------------------------------------------------------------
 
 
 def cmd_station(args: argparse.Namespace) -> int:
-    from edgerun.cli import _setup_logging
     from edgerun.station.station import StationOptions
 
-    _setup_logging(args.log_level or "info")
+    setup_logging(args.log_level or "info")
 
     from edgerun.station.server import check_bind_policy, parse_node_nets, read_snapshot_token
 
@@ -273,18 +169,15 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
 
 def cmd_station_passwd(args: argparse.Namespace) -> int:
     """Add an operator to the station's password file, or change their password (Argon2id, mode 0600)."""
-    import getpass
     import sys
 
     from edgerun.station.auth import check_user, set_password
 
     check_user(args.user)
     if args.password_stdin or not sys.stdin.isatty():
-        password = sys.stdin.readline().rstrip("\r\n")
+        password = first_stdin_line()
     else:
-        password = getpass.getpass(f"password for {args.user}: ")
-        if getpass.getpass("again: ") != password:
-            raise ConfigError("the two passwords differ")
+        password = ask_new_password(f"password for {args.user}: ", "again: ", ConfigError("the two passwords differ"))
     path = Path(args.file)
     created = set_password(path, args.user, password)
     print(f"{'added' if created else 'changed the password of'} operator {args.user} in {path}; "

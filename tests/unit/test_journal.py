@@ -147,7 +147,7 @@ def test_cli_logs_to_the_journal_only_under_systemd(tmp_path):
         if sys.argv[1] == "systemd":
             st = os.fstat(2)
             os.environ["JOURNAL_STREAM"] = f"{{st.st_dev}}:{{st.st_ino}}"
-        from edgerun.cli import _setup_logging
+        from edgerun.commands.options import setup_logging as _setup_logging
         _setup_logging("info")
         logging.getLogger("edgerun.node").info("started")
         logging.getLogger("edgerun.node").debug("per frame")

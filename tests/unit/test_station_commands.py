@@ -7,7 +7,8 @@ import json
 import pytest
 
 from edgerun.cli import main
-from edgerun.commands.station import load_truth, parse_hostport, prepare_ground
+from edgerun.commands.options import parse_hostport
+from edgerun.commands.station import load_truth, prepare_ground
 
 
 @pytest.mark.parametrize(
