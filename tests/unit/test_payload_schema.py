@@ -84,12 +84,20 @@ def test_schema_rejects(validator, mutate, path) -> None:
     assert errors and any(e.json_path == path for e in errors), [(e.json_path, e.message) for e in errors]
 
 
-def test_readme_example_validates(validator) -> None:
-    readme = (REPO / "README.md").read_text()
-    m = re.search(r"## Detection payload.*?```json\n(.*?)```", readme, re.S)
-    if m is None:
-        pytest.skip("README has no payload example")
+def test_documented_example_validates(validator) -> None:
+    page = (REPO / "docs" / "payloads.md").read_text()
+    m = re.search(r"## Detection payload.*?```json\n(.*?)```", page, re.S)
+    assert m is not None, "docs/payloads.md has no detection payload example"
     validator.validate(json.loads(m.group(1)))
+
+
+def test_documented_object_example_validates() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "edgerun" / "schema" / "object-v1.json").read_text())
+    page = (REPO / "docs" / "payloads.md").read_text()
+    m = re.search(r"## Fleet object payload.*?```json\n(.*?)```", page, re.S)
+    assert m is not None, "docs/payloads.md has no fleet object example"
+    jsonschema.validate(json.loads(m.group(1)), schema)
 
 
 # -- native DDS type ---------------------------------------------------------------------------
