@@ -7,14 +7,14 @@ INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench lint venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
+.PHONY: all demo test test-gpu bench lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
 
 all: test
 
 $(INSTALLED): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint,onnx,dds,mavlink,mcu,mcu-check,hil]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint,docs,onnx,dds,mavlink,mcu,mcu-check,hil]'
 	touch $@
 
 venv: $(INSTALLED)
@@ -63,6 +63,10 @@ bench: $(MODELS)
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check edgerun swarm hil tests
+
+# The docs site from docs/ and mkdocs.yml into out/site/; --strict turns a broken link or anchor into a failure.
+docs: $(INSTALLED)
+	$(BIN)/mkdocs build --strict
 
 # MCU firmware (firmware_mcu/): C tests under ASan/UBSan (also run by `make test` through pytest),
 # the serial-link benchmark against edgelink-sim, and the decoder fuzzer (FUZZ_SECONDS, default 300).
