@@ -8,6 +8,7 @@ import io
 import os
 import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -150,15 +151,60 @@ def test_bad_toml_files_name_the_file_and_the_fault(tmp_path, data, message):
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
 
 
+NOBODY = 65534
+
+
+def _load_config_unprivileged(path: Path) -> str:
+    """``load_config(path)`` as an unprivileged user: "ok", or the error it raised.
+
+    Root reads any file whatever its mode, and the tests run as root, so there a forked child
+    drops to nobody first (no groups) and reports back through a pipe.
+    """
+    if os.geteuid() != 0:
+        try:
+            load_config(path)
+        except ConfigError as err:
+            return str(err)
+        return "ok"
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            try:
+                load_config(path)
+                answer = "ok"
+            except ConfigError as err:
+                answer = str(err)
+            os.write(write_end, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
 def test_unreadable_and_directory_toml_files(tmp_path):
     with pytest.raises(ModelError, match=r"model\.toml is a directory, expected a file"):
         load_toml(tmp_path, ModelError, "model.toml")
-    locked = _written(tmp_path, "locked.toml", b"")
-    locked.chmod(0)
-    if os.access(locked, os.R_OK):
-        pytest.skip("running as root: permissions do not stop reads")
-    with pytest.raises(ConfigError, match="cannot read config file"):
-        load_config(locked)
+    # A directory anyone may enter (pytest's own is root's alone), so only the file's mode stops the read.
+    shared = Path(tempfile.mkdtemp(prefix="edgerun-perm-"))
+    try:
+        shared.chmod(0o755)
+        readable = _written(shared, "readable.toml", b"")
+        readable.chmod(0o644)
+        locked = _written(shared, "locked.toml", b"")
+        locked.chmod(0)
+        assert _load_config_unprivileged(readable) == "ok"
+        answer = _load_config_unprivileged(locked)
+        assert answer.startswith(f"{locked}: ") and "cannot read config file" in answer, answer
+    finally:
+        shutil.rmtree(shared)
 
 
 # -- where tars are unpacked -------------------------------------------------------------------------------
