@@ -34,7 +34,9 @@ def real_jpeg() -> bytes:
 
 
 class Snapshots:
-    """A snapshot source that records which thread encoded each call."""
+    """Stands in for ``Node.snapshot_jpeg``, which needs a running pipeline: the test must decide when a frame
+    exists (404 before) and see which thread each call ran on (encoding must stay off the loop). A real node's
+    snapshot is fetched in tests/integration/test_node.py."""
 
     def __init__(self) -> None:
         self.jpeg: bytes | None = None

@@ -19,6 +19,9 @@ from edgerun.engines.failover import EngineHang, Failover, call_with_timeout  # 
 
 
 class _Opened:
+    """What an open returns, reduced to its ``close``: ``call_with_timeout`` takes any callable, and the fault
+    (an open that outlasts its deadline) is an event the test holds. A real engine's late open is the last test."""
+
     def __init__(self) -> None:
         self.closed = threading.Event()
 
