@@ -1,0 +1,354 @@
+"""The wire: every MQTT topic, schema id, envelope and payload a node, the station and the tools exchange.
+
+Producers encode through the Structs here and consumers decode through them, so a field is named,
+typed and bounded in one place. Within a version, fields may be added (decoders ignore fields they do
+not know); renaming, retyping or removing one bumps the version.
+
+Topics (``<node>`` is the node id; ``edgerun/<node>/`` is a node's default prefix)::
+
+    edgerun/<node>/detections         Detections  (edgerun.detections/1), one per frame, expires at the broker
+    edgerun/<node>/events             an event    (edgerun.event/1): health, engine, model, ota, swarm ...
+    edgerun/<node>/status             text "online" (retained); the will and a clean stop say "offline"
+    edgerun/<node>/metrics            Metrics     (edgerun.metrics/1), periodic
+    edgerun/<node>/swarm              SwarmView   (edgerun.swarm/1), retained
+    edgerun/fleet/objects             FleetObject (edgerun.object/1), reported by the object's owner
+    edgerun/fleet/releases/<model>    the signed release (edgerun.ota.release/1, retained); files below it
+    edgerun/fleet/rollouts/<model>    RolloutEnvelope (edgerun.rollout/1, retained, signed)
+    edgerun/station/events            a station's events (edgerun.event/1, node "station")
+
+The event envelope, one rule for every sink: ``schema``, ``node``, ``kind`` and ``ts`` are always
+present and always the envelope's; the event's data adds fields beside them but never overrides one.
+
+Untrusted bytes: check the length first, then ``msgspec.json.decode(payload, type=...)``; a
+``msgspec.DecodeError`` (``ValidationError`` is one) means drop and count, never raise further.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from swarm.dedup import OBJECT_SCHEMA as OBJECT_SCHEMA  # swarm builds objects itself and never imports edgerun
+
+# -- schema ids ---------------------------------------------------------------------------------
+
+DETECTIONS_SCHEMA = "edgerun.detections/1"
+EVENT_SCHEMA = "edgerun.event/1"
+METRICS_SCHEMA = "edgerun.metrics/1"
+SWARM_SCHEMA = "edgerun.swarm/1"
+ROLLOUT_SCHEMA = "edgerun.rollout/1"
+RELEASE_SCHEMA = "edgerun.ota.release/1"
+
+# -- topics -------------------------------------------------------------------------------------
+
+# Node topic keys in the order MQTT topic aliases are handed out (the busiest first).
+NODE_ALIAS_KEYS = ("detections", "metrics", "events", "status")
+NODE_TOPICS = ("detections", "events", "status", "metrics", "swarm")
+FLEET_OBJECTS_TOPIC = "edgerun/fleet/objects"
+RELEASES_PREFIX = "edgerun/fleet/releases"
+ROLLOUTS_PREFIX = "edgerun/fleet/rollouts"
+STATION_EVENTS_TOPIC = "edgerun/station/events"
+RESERVED_NODE_IDS = frozenset({"fleet", "station"})  # second topic levels that are not nodes
+STATION_SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
+    FLEET_OBJECTS_TOPIC,
+    f"{RELEASES_PREFIX}/+",
+    f"{ROLLOUTS_PREFIX}/+",
+]
+STATUS_ONLINE = b"online"
+STATUS_OFFLINE = b"offline"
+
+
+def node_topic_prefix(node_id: str) -> str:
+    return f"edgerun/{node_id}/"
+
+
+def node_topic(node_id: str, key: str) -> str:
+    return f"edgerun/{node_id}/{key}"
+
+
+def release_topic(model: str) -> str:
+    return f"{RELEASES_PREFIX}/{model}"
+
+
+def release_file_topic(model: str, file: str, part: str) -> str:
+    return f"{RELEASES_PREFIX}/{model}/files/{file}/{part}"
+
+
+def rollout_topic(model: str) -> str:
+    return f"{ROLLOUTS_PREFIX}/{model}"
+
+
+# -- field types --------------------------------------------------------------------------------
+
+# NaN and the infinities fail these bounds (JSON cannot carry them; Python objects can).
+Finite = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Name = Annotated[str, msgspec.Meta(min_length=1)]
+
+# -- edgerun.detections/1 (edgerun/schema/detections-v1.json) -----------------------------------
+
+
+class Frame(msgspec.Struct):
+    width: Count
+    height: Count
+    source: str
+
+
+class ModelRef(msgspec.Struct):
+    name: str
+    version: Count
+    engine: str
+
+
+class Pose(msgspec.Struct):
+    """Camera pose in the swarm's local east/north/up frame (metres) and attitude (degrees)."""
+
+    east_m: float
+    north_m: float
+    up_m: float
+    yaw_deg: float
+    pitch_deg: float
+    roll_deg: float
+    hfov_deg: float
+
+
+class Detection(msgspec.Struct, omit_defaults=True):
+    label: str
+    class_id: int
+    score: Fraction
+    box: tuple[float, float, float, float]  # x1, y1, x2, y2, source-frame pixels
+    keypoints: list[tuple[float, float]] | None = None  # only for models with keypoints
+
+
+class Detections(msgspec.Struct, kw_only=True):
+    """One frame's detections."""
+
+    schema: Literal["edgerun.detections/1"] = DETECTIONS_SCHEMA
+    node: str
+    seq: Count
+    ts: float  # wall-clock capture time, Unix seconds
+    frame: Frame
+    model: ModelRef
+    latency_ms: NonNegative | None  # capture to the sink, None when unknown
+    pose: Pose | None
+    detections: list[Detection]
+
+
+# -- edgerun.object/1 (edgerun/schema/object-v1.json) -------------------------------------------
+
+
+class FleetObject(msgspec.Struct, kw_only=True):
+    """One object on the ground, as its owner reports it (swarm.dedup.FleetObject.to_payload)."""
+
+    schema: Literal["edgerun.object/1"] = OBJECT_SCHEMA
+    id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
+    label: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    east_m: float
+    north_m: float
+    uncertainty_m: NonNegative
+    first_seen: float
+    last_seen: float
+    score: Fraction
+    owner: Name
+    seen_by: Annotated[list[Name], msgspec.Meta(min_length=1)]
+    ts: float
+
+    def __post_init__(self) -> None:
+        if len(set(self.seen_by)) != len(self.seen_by):
+            raise ValueError("seen_by names a node twice")
+
+
+class ObjectReport(msgspec.Struct):
+    """What the station accepts as a fleet object: the fields it shows, from any producer of version 1.
+
+    Looser than FleetObject on purpose: an id may be a number and ``seen_by`` a count.
+    """
+
+    id: str | int
+    label: str
+    east_m: Finite
+    north_m: Finite
+    schema: Literal["edgerun.object/1"] = OBJECT_SCHEMA
+    uncertainty_m: Finite | None = None
+    first_seen: Finite | None = None
+    last_seen: Finite | None = None
+    score: Finite | None = None
+    owner: str = ""
+    seen_by: list[Any] | int | None = None
+
+
+# -- edgerun.swarm/1 ----------------------------------------------------------------------------
+
+
+class SwarmMember(msgspec.Struct, kw_only=True):
+    name: str
+    addr: str = ""
+    state: str  # alive, suspect, dead, left
+    incarnation: int | None = None
+    meta: dict[str, Any] | None = None  # edgerun.fleet.member_meta.MemberMeta as JSON, None if it did not decode
+
+
+class SwarmView(msgspec.Struct, kw_only=True):
+    """A node's view of its swarm (retained; also its /healthz ``swarm``)."""
+
+    schema: Literal["edgerun.swarm/1"] = SWARM_SCHEMA
+    node: str
+    ts: float = 0.0
+    members: list[SwarmMember]
+
+
+# -- edgerun.metrics/1 --------------------------------------------------------------------------
+
+
+class Metrics(msgspec.Struct, kw_only=True):
+    """A node's periodic summary (``Node.summary``) and its MQTT sink's counters."""
+
+    schema: Literal["edgerun.metrics/1"] = METRICS_SCHEMA
+    node: str
+    ts: float
+    summary: dict[str, Any]
+    mqtt: dict[str, Any] = {}
+
+
+class MetricsSummary(msgspec.Struct):
+    """The fields of ``Metrics.summary`` a reader relies on (Node.summary has more)."""
+
+    model: str = ""
+    model_version: int | None = None
+    engine: str = ""
+    state: str = ""
+    frames: Count | None = None
+    detections: Count | None = None
+    fps: Finite | None = None
+    latency_p99_ms: Finite | None = None
+    dropped: Finite | None = None
+    http: str | None = None  # host:port of the node's HTTP service
+
+
+# -- edgerun.event/1 ----------------------------------------------------------------------------
+
+
+class EventEnvelope(msgspec.Struct):
+    """The fields every event has; its data sits beside them in the same object."""
+
+    schema: Literal["edgerun.event/1"] = EVENT_SCHEMA
+    node: str | None = None
+    kind: str = ""
+    ts: Finite | None = None
+
+
+class HealthEvent(msgspec.Struct):
+    state: str = ""
+    reasons: dict[str, str] = {}
+
+
+class EngineEvent(msgspec.Struct):
+    event: str = ""
+    from_: str | None = msgspec.field(default=None, name="from")
+    to: str | None = None
+    reason: str | None = None
+
+
+class ModelEvent(msgspec.Struct):
+    name: str = ""
+    version: int | None = None
+
+
+class OtaEvent(msgspec.Struct):
+    step: str = ""
+    version: int | None = None
+    code: str | None = None
+    reason: str | None = None
+
+
+class StationEvent(msgspec.Struct):
+    kind: str = ""
+    text: str = ""
+    level: str = "info"
+    origin: str = ""
+
+
+EVENT_DATA: dict[str, type[msgspec.Struct]] = {
+    "health": HealthEvent, "engine": EngineEvent, "model": ModelEvent, "ota": OtaEvent,
+}
+
+
+def event_payload(node: str, kind: str, data: Mapping[str, Any], ts: float | None = None) -> dict[str, Any]:
+    """An ``edgerun.event/1`` object: the envelope, then the data's other fields (the envelope wins)."""
+    payload: dict[str, Any] = {
+        "schema": EVENT_SCHEMA, "node": node, "kind": kind, "ts": time.time() if ts is None else ts,
+    }
+    for key, value in data.items():
+        payload.setdefault(key, value)
+    return payload
+
+
+# -- edgerun.rollout/1 and edgerun.ota.release/1 ------------------------------------------------
+
+
+class RolloutEnvelope(msgspec.Struct, kw_only=True):
+    """The retained rollout state: canonical JSON of the state (base64) and its minisign signature."""
+
+    schema: Literal["edgerun.rollout/1"] = ROLLOUT_SCHEMA
+    state: str
+    sig: str
+
+
+class RolloutStateDoc(msgspec.Struct, kw_only=True):
+    """The signed state inside a RolloutEnvelope (edgerun.fleet.rollout.RolloutState)."""
+
+    model: str
+    version: int
+    percent: float
+    salt: str
+    phase: str
+    reason: str = ""
+    by: str = ""
+    ts: float = 0.0
+    base_version: int | None = None
+    step: int = 0
+
+
+class ReleaseEnvelope(msgspec.Struct, kw_only=True):
+    """The retained release message (edgerun.ota.transport_mqtt): base64 manifest and keys, their signatures."""
+
+    keys: str | None = None
+    keys_sig: str | None = None
+    manifest: str
+    manifest_sig: str
+    schema: Literal["edgerun.ota.release/1"] = RELEASE_SCHEMA
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def decode_status(payload: bytes) -> str | None:
+    """``online`` or ``offline`` from a status message, None for anything else."""
+    text = payload.decode("utf-8", "replace").strip()
+    return text if text in ("online", "offline") else None
+
+
+# -- decoding helpers ---------------------------------------------------------------------------
+
+
+class Head(msgspec.Struct):
+    """The two fields a consumer checks before it decodes the rest: which schema, from which node."""
+
+    schema: Any = None
+    node: Any = None
+
+
+def describe(err: msgspec.DecodeError) -> str:
+    """``detections[0].score: Expected `float` <= 1.0`` from msgspec's ``... - at `$.detections[0].score```."""
+    text = str(err)
+    message, sep, where = text.rpartition(" - at `$")
+    if not sep:
+        return text
+    path = where.rstrip("`").lstrip(".")
+    return f"{path}: {message}" if path else message
