@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
-# Version of the JSON payload published by every sink; bump on any breaking change.
-PAYLOAD_SCHEMA = "edgerun.detections/1"
+from edgerun import wire
+
+# Version of the JSON payload published by every sink (edgerun.wire.DETECTIONS_SCHEMA).
+PAYLOAD_SCHEMA = wire.DETECTIONS_SCHEMA
 
 
 @dataclass(slots=True)
@@ -27,16 +30,14 @@ class Pose:
     roll_deg: float = 0.0
     hfov_deg: float = 60.0
 
+    def to_wire(self) -> wire.Pose:
+        return wire.Pose(
+            round(self.east_m, 3), round(self.north_m, 3), round(self.up_m, 3), round(self.yaw_deg, 3),
+            round(self.pitch_deg, 3), round(self.roll_deg, 3), round(self.hfov_deg, 3),
+        )
+
     def to_payload(self) -> dict[str, float]:
-        return {
-            "east_m": round(self.east_m, 3),
-            "north_m": round(self.north_m, 3),
-            "up_m": round(self.up_m, 3),
-            "yaw_deg": round(self.yaw_deg, 3),
-            "pitch_deg": round(self.pitch_deg, 3),
-            "roll_deg": round(self.roll_deg, 3),
-            "hfov_deg": round(self.hfov_deg, 3),
-        }
+        return msgspec.structs.asdict(self.to_wire())
 
 
 @dataclass(slots=True)
@@ -112,43 +113,34 @@ class DetectionBatch:
             return self.labels[class_id]
         return str(class_id)
 
-    def to_payload(self, t_publish: float | None = None) -> dict[str, Any]:
-        """The versioned JSON payload documented in README.md (schema ``edgerun.detections/1``)."""
+    def to_wire(self, t_publish: float | None = None) -> wire.Detections:
+        """This frame as the ``edgerun.detections/1`` Struct every sink encodes."""
         det = self.detections
         boxes = np.round(det.boxes.astype(np.float64), 1).tolist()
         scores = np.round(det.scores.astype(np.float64), 4).tolist()
         ids = det.class_ids.tolist()
-        keypoints = None if det.keypoints is None else np.round(det.keypoints.astype(np.float64), 1).tolist()
-        items: list[dict[str, Any]] = []
-        for i, (box, score, cid) in enumerate(zip(boxes, scores, ids)):
-            item: dict[str, Any] = {
-                "label": self.label_of(cid),
-                "class_id": cid,
-                "score": score,
-                "box": box,
-            }
-            if keypoints is not None:
-                item["keypoints"] = keypoints[i]
-            items.append(item)
-        latency_ms = None
-        if t_publish is not None:
-            latency_ms = round((t_publish - self.meta.t_capture) * 1000.0, 3)
-        return {
-            "schema": PAYLOAD_SCHEMA,
-            "node": self.node_id,
-            "seq": self.meta.seq,
-            "ts": round(self.meta.wall_time, 6),
-            "frame": {
-                "width": self.meta.width,
-                "height": self.meta.height,
-                "source": self.meta.source,
-            },
-            "model": {
-                "name": self.model_name,
-                "version": self.model_version,
-                "engine": self.engine,
-            },
-            "latency_ms": latency_ms,
-            "pose": None if self.meta.pose is None else self.meta.pose.to_payload(),
-            "detections": items,
-        }
+        label_of = self.label_of
+        if det.keypoints is None:
+            items = [wire.Detection(label_of(cid), cid, score, box) for box, score, cid in zip(boxes, scores, ids)]
+        else:
+            keypoints = np.round(det.keypoints.astype(np.float64), 1).tolist()
+            items = [
+                wire.Detection(label_of(cid), cid, score, box, kp)
+                for box, score, cid, kp in zip(boxes, scores, ids, keypoints)
+            ]
+        meta = self.meta
+        return wire.Detections(
+            node=self.node_id,
+            seq=meta.seq,
+            ts=round(meta.wall_time, 6),
+            frame=wire.Frame(meta.width, meta.height, meta.source),
+            model=wire.ModelRef(self.model_name, self.model_version, self.engine),
+            latency_ms=None if t_publish is None else round((t_publish - meta.t_capture) * 1000.0, 3),
+            pose=None if meta.pose is None else meta.pose.to_wire(),
+            detections=items,
+        )
+
+    def to_payload(self, t_publish: float | None = None) -> dict[str, Any]:
+        """The versioned JSON payload documented in README.md (schema ``edgerun.detections/1``), as builtins."""
+        payload: dict[str, Any] = msgspec.to_builtins(self.to_wire(t_publish))
+        return payload

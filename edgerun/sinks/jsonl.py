@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import sys
 import threading
-import time
 from typing import IO, Any
 
 import msgspec
 
+from edgerun import wire
 from edgerun.config import JsonlSinkConfig
 from edgerun.sinks.base import Outbox, Sink
 from edgerun.types import DetectionBatch
@@ -29,6 +30,7 @@ class JsonlSink(Sink):
     def __init__(self, cfg: JsonlSinkConfig, node_id: str = "") -> None:
         super().__init__()
         self.cfg = cfg
+        self.node_id = node_id or socket.gethostname()  # as the MQTT sink names it
         self.status_reason = ""
         self._outbox = Outbox(cfg.outbox, self.stats)
         self._cond = threading.Condition()
@@ -53,8 +55,9 @@ class JsonlSink(Sink):
 
     def publish_event(self, kind: str, data: dict[str, Any]) -> None:
         """Events go to the same stream with a different schema, so one file tells the whole story."""
+        payload = wire.event_payload(self.node_id, kind, data)
         with self._cond:
-            self._outbox.put(("event", {"schema": "edgerun.event/1", "kind": kind, "ts": time.time(), **data}, 0.0))
+            self._outbox.put(("event", payload, 0.0))
             self._cond.notify()
 
     def publish_object(self, payload: dict[str, Any]) -> None:
@@ -75,7 +78,7 @@ class JsonlSink(Sink):
             lines = bytearray()
             sent = 0
             for kind, item, t_submit in items:
-                payload = item.to_payload(t_submit) if kind == "batch" else item
+                payload = item.to_wire(t_submit) if kind == "batch" else item
                 lines += self._encoder.encode(payload)
                 lines += b"\n"
                 sent += kind == "batch"

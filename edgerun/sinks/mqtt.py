@@ -37,83 +37,41 @@ from typing import Any
 
 import msgspec
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from edgerun import wire
 from edgerun.config import MqttSinkConfig
-from edgerun.errors import ConfigError
+from edgerun.mqtt_client import (
+    ClosedBeforeConnack,
+    Will,
+    backoff_delay,
+    build_ssl_context,
+    describe_connect_error,
+    new_client,
+    send_connect,
+)
 from edgerun.sinks.base import Outbox, Sink
-from edgerun.types import PAYLOAD_SCHEMA, DetectionBatch
+from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
 
-EVENT_SCHEMA = "edgerun.event/1"
-METRICS_SCHEMA = "edgerun.metrics/1"
-STATUS_ONLINE = b"online"
-STATUS_OFFLINE = b"offline"
-TOPIC_KEYS = ("detections", "metrics", "events", "status")  # also the order topic aliases are handed out
+STATUS_ONLINE = wire.STATUS_ONLINE
+STATUS_OFFLINE = wire.STATUS_OFFLINE
+TOPIC_KEYS = wire.NODE_ALIAS_KEYS  # also the order topic aliases are handed out
 _MISC_INTERVAL_S = 1.0
 _LINE_MAX = 300  # a status reason is one line for health and logs
 
 
 def default_topic_prefix(node_id: str) -> str:
-    return f"edgerun/{node_id}/"
+    return wire.node_topic_prefix(node_id)
 
 
 def _one_line(text: str) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= _LINE_MAX else text[: _LINE_MAX - 3] + "..."
-
-
-def describe_connect_error(err: BaseException, connect_timeout_s: float) -> str:
-    """A short operator-facing reason for a failed TCP connect or TLS handshake."""
-    if isinstance(err, ssl.SSLCertVerificationError):
-        return f"TLS: broker certificate not trusted ({err.verify_message or err.reason})"
-    if isinstance(err, ssl.SSLError):
-        return f"TLS handshake failed ({err.reason or err})"
-    if isinstance(err, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(err, (socket.timeout, TimeoutError)):
-        return f"no answer within {connect_timeout_s:g} s"
-    if isinstance(err, socket.gaierror):
-        return f"cannot resolve host ({err.strerror})"
-    if isinstance(err, OSError):
-        return err.strerror or str(err) or type(err).__name__
-    return f"{type(err).__name__}: {err}"
-
-
-def build_ssl_context(cfg: MqttSinkConfig) -> ssl.SSLContext | None:
-    """TLS settings from the config, or None for plain TCP; unreadable files are config errors."""
-    if not (cfg.tls or cfg.tls_ca or cfg.tls_cert):
-        return None
-    try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.tls_ca or None)
-    except ssl.SSLError as err:  # first: SSLError is an OSError too
-        raise ConfigError(f"sinks.mqtt.tls_ca: {cfg.tls_ca} is not a PEM CA file ({err.reason or err})") from None
-    except OSError as err:
-        raise ConfigError(f"sinks.mqtt.tls_ca: cannot read {cfg.tls_ca} ({err.strerror or err})") from None
-    if cfg.tls_cert:
-        try:
-            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
-        except ssl.SSLError as err:  # first: SSLError is an OSError too
-            raise ConfigError(
-                f"sinks.mqtt.tls_cert: {cfg.tls_cert} and {cfg.tls_key} are not a PEM certificate and its key"
-                f" ({err.reason or err})"
-            ) from None
-        except OSError as err:
-            raise ConfigError(
-                f"sinks.mqtt.tls_cert: cannot read {cfg.tls_cert} or {cfg.tls_key} ({err.strerror or err})"
-            ) from None
-    if cfg.tls_insecure:
-        ctx.check_hostname = False  # the chain is still verified; only the name check is skipped
-    return ctx
-
-
-def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: Callable[[float, float], float]) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    return rand(0.0, min(cap_s, base_s * (2.0 ** min(attempt, 30))))
 
 
 def _to_builtin(obj: Any) -> Any:
@@ -122,10 +80,6 @@ def _to_builtin(obj: Any) -> Any:
     if callable(item):
         return item()
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
-
-
-class _ClosedBeforeConnack(ConnectionError):
-    """The broker hung up while the CONNECT was being sent."""
 
 
 class _Message:
@@ -264,11 +218,8 @@ class MqttSink(Sink):
 
     def publish_event(self, kind: str, data: dict[str, Any]) -> None:
         """Queue an event; events wait through an outage in their own bounded queue."""
-        payload: dict[str, Any] = {"schema": EVENT_SCHEMA, "node": self.node_id, "kind": kind, "ts": time.time()}
-        for key, value in data.items():
-            payload.setdefault(key, value)
         try:
-            body = self._encoder.encode(payload)
+            body = self._encoder.encode(wire.event_payload(self.node_id, kind, data))
         except (TypeError, msgspec.EncodeError) as err:
             self.stats.errors += 1
             log.warning("mqtt: event %r is not JSON-encodable (%s); not published", kind, err)
@@ -356,38 +307,20 @@ class MqttSink(Sink):
 
     def _new_client(self) -> mqtt.Client:
         cfg = self.cfg
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=MQTTProtocolVersion.MQTTv5,
-            reconnect_on_failure=False,
+        # No paho reconnects: the connection loop retries with its own jittered backoff.
+        client = new_client(
+            cfg, client_id=self.client_id, reconnect=None, ssl_context=self._ssl_context,
+            will=Will(self.topics["status"], STATUS_OFFLINE, qos=cfg.qos_status, retain=True),
         )
         # The sink keeps its own window (Receive Maximum) and queue; paho's would only hide them.
         client.max_inflight_messages = 0
         client.max_queued_messages = 0
         client.connect_timeout = cfg.connect_timeout_s
-        if cfg.username:
-            client.username_pw_set(cfg.username, cfg.password or None)
-        if self._ssl_context is not None:
-            client.tls_set_context(self._ssl_context)
-            if cfg.tls_insecure:
-                client.tls_insecure_set(True)
-        will = Properties(PacketTypes.WILLMESSAGE)
-        will.ContentType = "text/plain"
-        client.will_set(self.topics["status"], STATUS_OFFLINE, qos=cfg.qos_status, retain=True, properties=will)
         return client
 
     def _connect_blocking(self, client: mqtt.Client) -> None:
         """TCP connect, TLS handshake and CONNECT; runs in a daemon thread before any loop callback is set."""
-        cfg = self.cfg
-        props = Properties(PacketTypes.CONNECT)
-        if cfg.session_expiry_s:
-            props.SessionExpiryInterval = cfg.session_expiry_s
-        rc = client.connect(
-            cfg.host, cfg.port, keepalive=cfg.keepalive_s, clean_start=cfg.clean_start, properties=props
-        )
-        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise _ClosedBeforeConnack(mqtt.error_string(rc))
+        send_connect(client, self.cfg)
         sock: Any = client.socket()
         if sock is not None:
             # Detections are small and latency matters more than packet count.
@@ -420,7 +353,7 @@ class MqttSink(Sink):
                 if client is not None:
                     self._abandon(client)
                 raise
-            except _ClosedBeforeConnack:
+            except ClosedBeforeConnack:
                 self._set_down(self._closed_early())
             except Exception as err:  # every failure is one line in health
                 self._set_down(describe_connect_error(err, cfg.connect_timeout_s))
@@ -659,11 +592,11 @@ class MqttSink(Sink):
                     continue
                 props.MessageExpiryInterval = max(1, math.ceil(remaining))
             props.UserProperty = [
-                ("schema", PAYLOAD_SCHEMA),
+                ("schema", wire.DETECTIONS_SCHEMA),
                 ("model", batch.model_name),
                 ("model_version", str(batch.model_version)),
             ]
-            body = self._encoder.encode(batch.to_payload(t_submit))
+            body = self._encoder.encode(batch.to_wire(t_submit))
             mid = self._publish_now(
                 client, "detections", body, self.cfg.qos_detections, False, "application/json", "batch", item, props
             )
@@ -750,13 +683,7 @@ class MqttSink(Sink):
                     self.bad_metrics += 1
                     if self.bad_metrics == 1:
                         log.warning("mqtt: metrics provider failed: %s", err)
-            payload = {
-                "schema": METRICS_SCHEMA,
-                "node": self.node_id,
-                "ts": time.time(),
-                "summary": summary,
-                "mqtt": self.counters(),
-            }
+            payload = wire.Metrics(node=self.node_id, ts=time.time(), summary=summary, mqtt=self.counters())
             try:
                 body = self._encoder.encode(payload)
             except (TypeError, msgspec.EncodeError) as err:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgerun import wire
 from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
 from edgerun.fleet.rollout import RolloutControl, RolloutRefused, phase_for
 from edgerun.fleet.trusted_release import CheckedRelease, ReleaseVerifier, check_payload_on_broker
@@ -265,8 +266,7 @@ class Station:
     def _event(self, kind: str, text: str, level: str = "info") -> None:
         self.model.add_event(time.time(), "station", kind, text, level)
         log.log(logging.INFO if level == "info" else logging.WARNING, "station: %s", text)
-        payload = {"schema": "edgerun.event/1", "node": "station", "kind": kind, "ts": time.time(), "text": text,
-                   "level": level, "origin": self.origin}
+        payload = wire.event_payload("station", kind, {"text": text, "level": level, "origin": self.origin})
         self.subscriber.publish_event(json.dumps(payload).encode())
 
     async def act(
