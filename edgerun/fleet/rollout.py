@@ -28,25 +28,26 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from edgerun import wire
 from edgerun.errors import EXIT_NEEDS_OPERATOR
 from edgerun.ota.errors import OtaError, Rejected, SignatureError
 from edgerun.ota.manifest import canonical_json, encode_manifest, format_time, parse_manifest
 from edgerun.ota.minisign import PublicKey, SecretKey, comment_fields, parse_signatures
 from edgerun.ota.transport import Offer
-from edgerun.ota.transport_mqtt import connect_blocking, encode_release, release_topic
+from edgerun.ota.transport_mqtt import encode_release, release_topic
 
 if TYPE_CHECKING:
     from edgerun.fleet.trusted_release import CheckedRelease
 
-ROLLOUT_SCHEMA = "edgerun.rollout/1"
-ROLLOUT_PREFIX = "edgerun/fleet/rollouts"
+ROLLOUT_SCHEMA = wire.ROLLOUT_SCHEMA
+ROLLOUT_PREFIX = wire.ROLLOUTS_PREFIX
 MAX_STATE_BYTES = 16 * 1024
 Phase = Literal["canary", "promoted", "complete", "halted"]
 PHASES = ("canary", "promoted", "complete", "halted")
 
 
 def rollout_topic(model: str) -> str:
-    return f"{ROLLOUT_PREFIX}/{model}"
+    return wire.rollout_topic(model)
 
 
 def default_salt(model: str, version: int) -> str:
@@ -84,7 +85,7 @@ def encode_state(state: RolloutState, key: SecretKey) -> bytes:
     """The retained rollout message: the state as canonical JSON and its minisign signature."""
     doc = canonical_json(state.to_json())
     sig = key.sign(doc, state_comment(state, int(state.ts or time.time()))).to_text()
-    return json.dumps({"schema": ROLLOUT_SCHEMA, "state": base64.b64encode(doc).decode(), "sig": sig}).encode()
+    return msgspec.json.encode(wire.RolloutEnvelope(state=base64.b64encode(doc).decode(), sig=sig))
 
 
 @dataclass(frozen=True)
@@ -99,20 +100,15 @@ def decode_state(payload: bytes, trusted: dict[str, PublicKey] | None = None) ->
     if len(payload) > MAX_STATE_BYTES:
         raise ValueError(f"rollout message larger than {MAX_STATE_BYTES} bytes")
     try:
-        env = json.loads(payload)
-        if not isinstance(env, dict) or env.get("schema") != ROLLOUT_SCHEMA:
-            raise ValueError("not an edgerun.rollout/1 message")
-        doc = base64.b64decode(env["state"], validate=True)
-        sigs = parse_signatures(str(env["sig"]), "rollout signature")
-        raw = json.loads(doc)
+        env = msgspec.json.decode(payload, type=wire.RolloutEnvelope)
+        doc = base64.b64decode(env.state, validate=True)
+        sigs = parse_signatures(env.sig, "rollout signature")
+        raw = msgspec.json.decode(doc, type=wire.RolloutStateDoc)
         state = RolloutState(
-            model=str(raw["model"]), version=int(raw["version"]), percent=float(raw["percent"]),
-            salt=str(raw["salt"]), phase=str(raw["phase"]), reason=str(raw.get("reason", ""))[:500],
-            by=str(raw.get("by", "")), ts=float(raw.get("ts", 0.0)),
-            base_version=None if raw.get("base_version") is None else int(raw["base_version"]),
-            step=int(raw.get("step", 0)),
+            model=raw.model, version=raw.version, percent=raw.percent, salt=raw.salt, phase=raw.phase,
+            reason=raw.reason[:500], by=raw.by, ts=raw.ts, base_version=raw.base_version, step=raw.step,
         )
-    except (KeyError, TypeError, ValueError, binascii.Error, SignatureError, RecursionError) as err:
+    except (ValueError, binascii.Error, SignatureError, RecursionError) as err:  # msgspec.DecodeError is one
         raise ValueError(f"malformed rollout message ({type(err).__name__}: {err})"[:300]) from None
     if state.phase not in PHASES or not 0.0 <= state.percent <= 100.0:
         raise ValueError(f"rollout message: phase {state.phase!r} or percent {state.percent} out of range")
@@ -177,32 +173,20 @@ class RolloutControl:
     def __init__(self, host: str, port: int, key: SecretKey, client_id: str = "edgerun-rollout",
                  cfg: Any = None) -> None:
         self.host, self.port, self.key = host, port, key
-        self.client_id = client_id
+        self.client_id = client_id  # a prefix: each publish connects with a fresh unique id
         self.cfg = cfg  # credentials and TLS (a MqttSinkConfig), for a broker with access control
         self._lock = threading.Lock()
 
     def _publish(self, messages: list[tuple[str, bytes]], timeout: float = 10.0) -> None:
-        from edgerun.ota.transport_mqtt import _client
+        from edgerun.mqtt_client import connect_blocking, new_client, publish_confirmed
 
         with self._lock:
-            client = _client(f"{self.client_id}-{int(time.time() * 1000) % 100000}", self.cfg)
-            refused: dict[int, str] = {}
-
-            def on_publish(c: Any, u: Any, mid: int, reason: Any = None, props: Any = None) -> None:
-                if getattr(reason, "is_failure", False):  # MQTT 5 PUBACK with an error: the broker's ACL said no
-                    refused[mid] = str(reason)
-
-            client.on_publish = on_publish
+            client = new_client(self.cfg, id_prefix=self.client_id)
             connect_blocking(client, self.host, self.port)
             try:
-                infos = [(topic, client.publish(topic, payload, qos=1, retain=True)) for topic, payload in messages]
-                for topic, info in infos:
-                    info.wait_for_publish(timeout)
-                    if not info.is_published():
-                        raise OtaError(f"mqtt://{self.host}:{self.port}: publishing timed out")
-                    if info.mid in refused:
-                        raise OtaError(f"mqtt://{self.host}:{self.port}: the broker refused {topic} "
-                                       f"({refused[info.mid]}): is this the operator's identity?")
+                # The broker's ACL answers a forbidden publish with a PUBACK reason code, checked here.
+                publish_confirmed(client, f"mqtt://{self.host}:{self.port}", messages, timeout=timeout,
+                                  refused_hint="is this the operator's identity?")
             finally:
                 client.disconnect()
                 client.loop_stop()
@@ -255,7 +239,7 @@ def read_topics(
     With ``quiet_s`` it returns as soon as nothing arrived for that long: retained messages follow the SUBACK at
     once, so that is all a late subscriber is handed. ``quiet_s=None`` listens the whole time (live topics).
     """
-    from edgerun.ota.transport_mqtt import _client
+    from edgerun.mqtt_client import connect_blocking, new_client
 
     got: dict[str, bytes] = {}
     subscribed = threading.Event()
@@ -275,7 +259,7 @@ def read_topics(
                 got.pop(msg.topic, None)
             last[0] = time.monotonic()
 
-    client = _client(f"edgerun-fleet-{int(time.time() * 1000) % 100000}", cfg)
+    client = new_client(cfg, id_prefix="edgerun-fleet")
     client.on_subscribe, client.on_message = on_subscribe, on_message
     connect_blocking(client, host, port)
     client.subscribe([(t, 1) for t in topics])

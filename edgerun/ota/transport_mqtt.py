@@ -13,8 +13,8 @@ hash, and after a dropped connection or a restart resumes at the first chunk
 it does not have. The index is not signed; a lying index can only waste a
 download, which the signed size and hash then refuse.
 
-This client is our own paho-mqtt connection, running paho's network thread;
-messages reach the event loop through ``call_soon_threadsafe``.
+This client is our own paho-mqtt connection (edgerun/mqtt_client.py), running
+paho's network thread; messages reach the event loop through ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from edgerun.mqtt_client import connect_blocking, connect_in_background, new_client
 from edgerun.ota.errors import OtaError, Rejected
 from edgerun.ota.manifest import parse_manifest
 from edgerun.ota.rollout_gate import halted_for
@@ -82,56 +83,10 @@ def decode_release(payload: bytes, source: str) -> Offer:
     return Offer(source, manifest, manifest_sig, keys, None if keys_sig is None else str(keys_sig))
 
 
-def _client(client_id: str, cfg: Any = None) -> Any:
-    import paho.mqtt.client as mqtt
-
-    client = mqtt.Client(
-        callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
-    )
-    if cfg is not None:
-        if getattr(cfg, "username", ""):
-            client.username_pw_set(cfg.username, cfg.password or None)
-        try:
-            from edgerun.sinks.mqtt import build_ssl_context
-
-            context = build_ssl_context(cfg)
-        except ImportError:
-            context = None
-        if context is not None:
-            client.tls_set_context(context)
-            if getattr(cfg, "tls_insecure", False):
-                client.tls_insecure_set(True)
-    return client
-
-
-def connect_blocking(client: Any, host: str, port: int, timeout: float = 10.0) -> None:
-    """Connect and start paho's thread; a refused or unreachable broker is one OtaError naming why."""
-    answered = threading.Event()
-    outcome: list[str] = []
-
-    def on_connect(c: Any, u: Any, flags: Any, reason: Any, props: Any = None) -> None:
-        if getattr(reason, "is_failure", False):
-            outcome.append(str(reason))
-        answered.set()
-
-    client.on_connect = on_connect
-    try:
-        client.connect(host, port, keepalive=30)
-    except OSError as err:
-        raise OtaError(f"mqtt://{host}:{port}: {err.strerror or err}") from None
-    client.loop_start()
-    if not answered.wait(timeout) or outcome:
-        client.loop_stop()
-        why = f"refused the connection ({outcome[0]})" if outcome else f"no CONNACK within {timeout:g} s"
-        raise OtaError(f"mqtt://{host}:{port}: {why}")
-
-
 class MqttTransport(Transport):
     KEY = "mqtt"
 
-    def __init__(
-        self, host: str, port: int, client_id: str = "edgerun-ota", cfg: Any = None, node_id: str = ""
-    ) -> None:
+    def __init__(self, host: str, port: int, client_id: str = "", cfg: Any = None, node_id: str = "") -> None:
         self.host, self.port = host, port
         self.client_id = client_id
         self.node_id = node_id  # for the rollout gate between chunks; empty: no gate
@@ -158,13 +113,11 @@ class MqttTransport(Transport):
         if self._client is not None:
             return
         self._loop = asyncio.get_running_loop()
-        client = _client(self.client_id, self.cfg)
+        client = new_client(self.cfg, client_id=self.client_id, id_prefix="edgerun-ota", reconnect=(0.2, 10.0))
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
-        client.reconnect_delay_set(0.2, 10)
-        client.connect_async(self.host, self.port, keepalive=30)
-        client.loop_start()
+        connect_in_background(client, self.host, self.port, keepalive=30)
         self._client = client
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
@@ -314,7 +267,7 @@ def publish_release(
     keys_sig = (root / "keys.json.minisig").read_text() if (root / "keys.json.minisig").is_file() else None
     parsed = parse_manifest(manifest)
     files = [f for f in (parsed.target.file, parsed.delta.file if parsed.delta else "") if f]
-    client = _client(f"edgerun-ota-publisher-{model}", cfg)
+    client = new_client(cfg, id_prefix=f"edgerun-ota-publisher-{model}")
     connect_blocking(client, host, port)
     try:
         pending = []
