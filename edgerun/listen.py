@@ -12,14 +12,15 @@ import dataclasses
 import json
 import math
 import os
-import random
 import sys
 import threading
 import time
 from typing import Any
 
+import msgspec
+
+from edgerun import wire
 from edgerun.errors import EdgerunError
-from edgerun.types import PAYLOAD_SCHEMA
 
 DEFAULT_MQTT_TOPIC = "edgerun/+/detections"
 DEFAULT_MAX_BYTES = 1 << 20
@@ -29,37 +30,12 @@ _PRINT_DETECTIONS = 4  # boxes shown per line before "+N more"
 # -- Parsing untrusted payloads ----------------------------------------------------------------
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_detections(obj: dict[str, Any]) -> None:
-    """Check the fields a reader of ``edgerun.detections/1`` relies on; ValueError names the first bad one."""
-    if not isinstance(obj.get("node"), str):
-        raise ValueError("node: expected a string")
-    if not isinstance(obj.get("seq"), int) or isinstance(obj.get("seq"), bool):
-        raise ValueError("seq: expected an integer")
-    if not _is_number(obj.get("ts")):
-        raise ValueError("ts: expected a number")
-    model = obj.get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
-        raise ValueError("model.name: expected a string")
-    latency = obj.get("latency_ms")
-    if latency is not None and not _is_number(latency):
-        raise ValueError("latency_ms: expected a number or null")
-    detections = obj.get("detections")
-    if not isinstance(detections, list):
-        raise ValueError("detections: expected an array")
-    for i, det in enumerate(detections):
-        if not isinstance(det, dict):
-            raise ValueError(f"detections[{i}]: expected an object")
-        if not isinstance(det.get("label"), str):
-            raise ValueError(f"detections[{i}].label: expected a string")
-        if not _is_number(det.get("score")):
-            raise ValueError(f"detections[{i}].score: expected a number")
-        box = det.get("box")
-        if not (isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)):
-            raise ValueError(f"detections[{i}].box: expected 4 numbers")
+def check_detections(obj: Any) -> wire.Detections:
+    """``obj`` as an ``edgerun.detections/1`` Struct; ValueError names the first bad field."""
+    try:
+        return msgspec.convert(obj, wire.Detections)
+    except msgspec.ValidationError as err:
+        raise ValueError(wire.describe(err)) from None
 
 
 def decode_message(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Any]:
@@ -79,12 +55,12 @@ def decode_message(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str
             raise ValueError("text payload has control characters")
         return "text", stripped
     try:
-        obj = json.loads(stripped)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"payload is not JSON ({err.msg} at offset {err.pos})") from None
+        obj = msgspec.json.decode(stripped)
+    except msgspec.DecodeError as err:
+        raise ValueError(f"payload is not JSON ({str(err).removeprefix('JSON is malformed: ')})") from None
     except RecursionError:
         raise ValueError("payload JSON is nested too deeply") from None
-    if isinstance(obj, dict) and obj.get("schema") == PAYLOAD_SCHEMA:
+    if isinstance(obj, dict) and obj.get("schema") == wire.DETECTIONS_SCHEMA:
         check_detections(obj)
         return "detections", obj
     return "json", obj
@@ -204,33 +180,23 @@ def parse_host_port(text: str, default_port: int = 1883) -> tuple[str, int]:
 
 
 def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
-    import ssl
-
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+    from edgerun.config import MqttSinkConfig
+    from edgerun.errors import ConfigError
+    from edgerun.mqtt_client import build_ssl_context, connect_in_background, new_client, on_connect_failure
 
     host, port = parse_host_port(args.mqtt)
     topics = args.topic or [DEFAULT_MQTT_TOPIC]
-    client = mqtt.Client(
-        CallbackAPIVersion.VERSION2,
-        client_id=f"edgerun-listen-{random.SystemRandom().randrange(1 << 32):08x}",
-        protocol=MQTTProtocolVersion.MQTTv5,
+    login = MqttSinkConfig(
+        username=args.username or "",
+        password=(args.password or os.environ.get("EDGERUN_MQTT_PASSWORD") or "") if args.username else "",
+        tls=bool(args.tls), tls_ca=args.tls_ca or "", tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
+        tls_insecure=bool(args.tls_insecure),
     )
-    client.reconnect_delay_set(1, 5)
-    if args.username:
-        client.username_pw_set(args.username, args.password or os.environ.get("EDGERUN_MQTT_PASSWORD") or None)
-    if args.tls_ca or args.tls_cert or args.tls:
-        try:
-            ctx = ssl.create_default_context(cafile=args.tls_ca or None)
-            if args.tls_cert:
-                ctx.load_cert_chain(args.tls_cert, args.tls_key or None)
-        except (OSError, ssl.SSLError) as err:
-            raise EdgerunError(f"listen: TLS files: {err}") from None
-        if args.tls_insecure:
-            ctx.check_hostname = False
-        client.tls_set_context(ctx)
-        if args.tls_insecure:
-            client.tls_insecure_set(True)
+    try:
+        context = build_ssl_context(login, lambda field: "--" + field.replace("_", "-"))
+    except ConfigError as err:
+        raise EdgerunError(f"listen: {err}") from None
+    client = new_client(login, id_prefix="edgerun-listen", reconnect=(1.0, 5.0), ssl_context=context)
     last_error = [""]
 
     def report(text: str) -> None:
@@ -245,17 +211,16 @@ def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
         c.subscribe([(t, args.qos) for t in topics])
         report(f"listening on {', '.join(topics)}")
 
-    def on_connect_fail(c: Any, userdata: Any) -> None:
-        report("cannot connect; retrying")
+    def on_connect_fail(why: str) -> None:
+        report(f"cannot connect ({why}); retrying")
 
     def on_message(c: Any, userdata: Any, msg: Any) -> None:
         printer.mqtt_message(msg.topic, msg.payload, args.max_bytes, args.node)
 
     client.on_connect = on_connect
-    client.on_connect_fail = on_connect_fail
+    on_connect_failure(client, on_connect_fail)
     client.on_message = on_message
-    client.connect_async(host, port, keepalive=30)
-    client.loop_start()
+    connect_in_background(client, host, port, keepalive=30)
     try:
         printer.done.wait(args.seconds or None)
     finally:

@@ -1,6 +1,6 @@
 """The station's MQTT connection: subscribes to the fleet's topics and hands messages to the event loop, bounded.
 
-paho runs its own network thread and reconnects by itself (backoff 0.5-10 s);
+paho runs its own network thread (edgerun/mqtt_client.py) and reconnects by itself (backoff 0.5-10 s);
 messages wait in a bounded queue (the oldest dropped and counted when the loop
 falls behind) and are drained on the loop in one callback per burst, so a
 fleet of 50 nodes at 15 fps costs one wake-up per burst, not per message.
@@ -29,7 +29,7 @@ class FleetSubscriber:
         on_state: Callable[[bool, str], None],
         *,
         backlog: int = 20000,
-        client_id: str = "edgerun-station",
+        client_id: str = "",  # empty: edgerun-station-<random>, so two stations on one broker never evict each other
         cfg: Any = None,
     ) -> None:
         self.host, self.port = host, port
@@ -45,17 +45,15 @@ class FleetSubscriber:
         self._stopping = False
 
     def start(self) -> None:
-        from edgerun.ota.transport_mqtt import _client
+        from edgerun.mqtt_client import connect_in_background, new_client, on_connect_failure
 
         self._loop = asyncio.get_running_loop()
-        client = _client(self.client_id, self.cfg)
+        client = new_client(self.cfg, client_id=self.client_id, id_prefix="edgerun-station", reconnect=(0.5, 10.0))
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
-        client.on_connect_fail = self._on_connect_fail
+        on_connect_failure(client, self._on_connect_fail)
         client.on_message = self._on_message
-        client.reconnect_delay_set(0.5, 10)
-        client.connect_async(self.host, self.port, keepalive=15)
-        client.loop_start()
+        connect_in_background(client, self.host, self.port, keepalive=15)
         self._client = client
 
     async def stop(self) -> None:
@@ -94,8 +92,8 @@ class FleetSubscriber:
         log.warning("station: lost mqtt://%s:%d (%s); reconnecting", self.host, self.port, reason)
         self._call(self.on_state, False, f"connection lost ({reason}); reconnecting")
 
-    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
-        self._call(self.on_state, False, f"cannot reach mqtt://{self.host}:{self.port}; retrying")
+    def _on_connect_fail(self, why: str) -> None:
+        self._call(self.on_state, False, f"cannot reach mqtt://{self.host}:{self.port} ({why}); retrying")
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         with self._lock:
