@@ -26,15 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-TOPICS = ("edgerun/+/detections", "edgerun/+/events", "edgerun/fleet/objects", "edgerun/+/swarm",
-          "edgerun/+/status")
+from edgerun import wire
+from edgerun.mqtt_client import MQTT_CLEAN_START_FIRST_ONLY, connect_in_background, new_client
+
+TOPICS = (wire.node_topic("+", "detections"), wire.node_topic("+", "events"), wire.FLEET_OBJECTS_TOPIC,
+          wire.node_topic("+", "swarm"), wire.node_topic("+", "status"))
 SCRAPE_TIMEOUT_S = 0.8
 
 
@@ -98,8 +97,8 @@ def run_observer(broker: str, nodes: dict[str, str], out: Path, stop: threading.
     def on_message(client: Any, userdata: Any, message: Any) -> None:
         t = time.time()
         try:
-            payload: Any = json.loads(message.payload)
-        except ValueError:
+            payload: Any = msgspec.json.decode(message.payload)
+        except (msgspec.DecodeError, RecursionError):  # kept as text: the record shows what was sent
             payload = message.payload.decode("utf-8", "replace")[:200]
         recorder.write({"t": t, "topic": message.topic, "payload": payload})
 
@@ -110,17 +109,12 @@ def run_observer(broker: str, nodes: dict[str, str], out: Path, stop: threading.
     def on_disconnect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         recorder.write({"t": time.time(), "observer": "disconnected"})
 
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"hil-observer-{time.monotonic_ns()}",
-                         protocol=MQTTProtocolVersion.MQTTv5)
+    client = new_client(id_prefix="hil-observer", reconnect=(0.2, 1.0))
     client.on_message, client.on_connect, client.on_disconnect = on_message, on_connect, on_disconnect
-    client.reconnect_delay_set(0.2, 1.0)
     # A session that outlives a broker restart (the broker persists it): what the nodes publish between the
     # broker coming back and this client resubscribing is queued for it, not lost to the record.
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 3600
-    client.connect_async(host or "127.0.0.1", int(port), keepalive=10, clean_start=MQTT_CLEAN_START_FIRST_ONLY,
-                         properties=props)
-    client.loop_start()
+    connect_in_background(client, host or "127.0.0.1", int(port), keepalive=10, session_expiry_s=3600,
+                          clean_start=MQTT_CLEAN_START_FIRST_ONLY)
     try:
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
             next_tick = time.monotonic()

@@ -101,15 +101,15 @@ class _LineSink:
 
 def _subscribe_mqtt(port: int, topic: str, qos: int) -> None:
     import msgspec
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+    from edgerun.mqtt_client import new_client
 
     class SeqOnly(msgspec.Struct):
         seq: int
 
     decoder = msgspec.json.Decoder(SeqOnly)
     out = _LineSink()
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    client = new_client(id_prefix="edgerun-bench-subscriber")
 
     def on_connect(c: Any, u: Any, f: Any, rc: Any, p: Any) -> None:
         c.subscribe(topic, qos)
