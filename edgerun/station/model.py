@@ -3,8 +3,8 @@
 Sans-I/O: ``ingest(topic, payload, now)`` takes one message and ``take_delta(now)``
 hands back what changed since the last call, so the same code runs in unit tests,
 the station and ``edgerun fleet status``. Every payload is untrusted: it is
-length-checked, parsed and shape-checked, and a bad one is dropped and counted
-by reason, never raised. Memory is bounded: at most ``max_nodes`` nodes,
+length-checked, then decoded into the Structs of ``edgerun.wire``, and a bad one
+is dropped and counted by reason, never raised. Memory is bounded: at most ``max_nodes`` nodes,
 ``max_objects`` fleet objects (the least recently seen go first), a trail of
 ``trail_s`` seconds per node, the last ``max_events`` events.
 """
@@ -16,27 +16,30 @@ import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
+from edgerun import wire
 from edgerun.station.footprint import footprint, pose_from_payload
 
 MAX_PAYLOAD = 256 * 1024
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 HTTP_ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}$")  # host:port, nothing else
-RESERVED_IDS = frozenset({"fleet", "station"})  # topic levels that are not nodes
-NODE_TOPICS = ("detections", "events", "status", "metrics", "swarm")
-SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
-    "edgerun/fleet/objects",
-    "edgerun/fleet/releases/+",
-    "edgerun/fleet/rollouts/+",
-]
-STATION_EVENTS_TOPIC = "edgerun/station/events"
+RESERVED_IDS = wire.RESERVED_NODE_IDS
+NODE_TOPICS = wire.NODE_TOPICS
+SUBSCRIPTIONS = wire.STATION_SUBSCRIPTIONS
+STATION_EVENTS_TOPIC = wire.STATION_EVENTS_TOPIC
+# The schema each node topic carries; a message naming another one is dropped as wrong_schema.
+NODE_SCHEMAS = {"detections": wire.DETECTIONS_SCHEMA, "metrics": wire.METRICS_SCHEMA, "swarm": wire.SWARM_SCHEMA,
+                "events": wire.EVENT_SCHEMA}
+_RELEASES = wire.RELEASES_PREFIX.split("/")
+_ROLLOUTS = wire.ROLLOUTS_PREFIX.split("/")
 MAX_BOXES = 100
 # Rejections that are the release's fault (it does not open, warm up or hash), as opposed to policy or transport.
 RELEASE_FAULTS = frozenset({"warmup_failed", "bad_bundle", "hash_mismatch"})
 MAX_MEMBERS = 256
+T = TypeVar("T")
 
 
 def _num(value: Any) -> float | None:
@@ -149,17 +152,16 @@ class FleetModel:
         try:
             if len(parts) == 3 and parts[0] == "edgerun" and parts[1] not in RESERVED_IDS:
                 self._node_message(parts[1], parts[2], payload, now)
-            elif topic == "edgerun/fleet/objects":
+            elif topic == wire.FLEET_OBJECTS_TOPIC:
                 self._object(payload, now)
-            elif len(parts) == 4 and parts[:3] == ["edgerun", "fleet", "releases"]:
+            elif len(parts) == 4 and parts[:3] == _RELEASES:
                 self._release(parts[3], payload)
-            elif len(parts) == 4 and parts[:3] == ["edgerun", "fleet", "rollouts"]:
+            elif len(parts) == 4 and parts[:3] == _ROLLOUTS:
                 self._rollout(parts[3], payload)
             elif topic == STATION_EVENTS_TOPIC:
-                doc = self._json(payload)
-                if isinstance(doc, dict) and not (self.origin and doc.get("origin") == self.origin):
-                    self.add_event(now, "station", _text(doc.get("kind")) or "station", _text(doc.get("text"), 500),
-                                   _text(doc.get("level")) or "info")
+                ev = self._decode(payload, wire.StationEvent)
+                if not (self.origin and ev.origin == self.origin):
+                    self.add_event(now, "station", ev.kind[:200] or "station", ev.text[:500], ev.level[:200] or "info")
             else:
                 self.dropped["unknown_topic"] += 1
         except _Drop as drop:
@@ -181,10 +183,18 @@ class FleetModel:
     # -- parsing ----------------------------------------------------------------------
 
     @staticmethod
-    def _json(payload: bytes) -> Any:
+    def _decode(payload: bytes, type_: type[T]) -> T:
+        """``payload`` as a ``type_`` (``Any``: any JSON); not JSON or not that shape is ``malformed``."""
         try:
-            return msgspec.json.decode(payload)
+            return msgspec.json.decode(payload, type=type_)
         except (msgspec.DecodeError, RecursionError):  # msgspec raises RecursionError on very deep nesting
+            raise _Drop("malformed") from None
+
+    @staticmethod
+    def _convert(obj: Any, type_: type[T]) -> T:
+        try:
+            return msgspec.convert(obj, type_)
+        except msgspec.ValidationError:
             raise _Drop("malformed") from None
 
     def _node(self, node_id: str, now: float) -> NodeView:
@@ -208,8 +218,8 @@ class FleetModel:
         if kind not in NODE_TOPICS:
             raise _Drop("unknown_topic")
         if kind == "status":
-            text = payload.decode("utf-8", "replace").strip()
-            if text not in ("online", "offline"):
+            text = wire.decode_status(payload)
+            if text is None:
                 if not payload and node_id in self.nodes:  # a cleared retained status: the node was retired
                     return
                 raise _Drop("malformed")
@@ -226,51 +236,35 @@ class FleetModel:
                 node.last_seen = now
             self._dirty_nodes.add(node_id)
             return
-        doc = self._json(payload)
-        if not isinstance(doc, dict):
-            raise _Drop("malformed")
-        if doc.get("node") not in (None, node_id) and kind != "swarm":
+        head = self._decode(payload, wire.Head)
+        if head.node not in (None, node_id) and kind != "swarm":
             raise _Drop("node_mismatch")
         node = self._node(node_id, now)
-        getattr(self, f"_{kind}")(node, doc, now)
+        if head.schema != NODE_SCHEMAS[kind]:
+            raise _Drop("wrong_schema")
+        getattr(self, f"_{kind}")(node, payload, now)
         node.last_seen = now
         node.via_swarm = False
         if kind != "swarm" and node.status != "online":
             node.status = "online"  # it speaks, so it is connected (its retained status may lag)
         self._dirty_nodes.add(node_id)
 
-    def _detections(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
-        if doc.get("schema") != "edgerun.detections/1":
-            raise _Drop("wrong_schema")
-        model = doc.get("model")
-        if isinstance(model, dict):
-            node.model = _text(model.get("name")) or node.model
-            version = model.get("version")
-            if isinstance(version, int) and not isinstance(version, bool):
-                node.model_version = version
-            node.engine = _text(model.get("engine")) or node.engine
-        frame = doc.get("frame")
-        width = height = 0
-        if isinstance(frame, dict):
-            width, height = int(_num(frame.get("width")) or 0), int(_num(frame.get("height")) or 0)
-            node.frame = (width, height)
-        pose = pose_from_payload(doc.get("pose"))
+    def _detections(self, node: NodeView, payload: bytes, now: float) -> None:
+        doc = self._decode(payload, wire.Detections)
+        node.model = doc.model.name[:200] or node.model
+        node.model_version = doc.model.version
+        node.engine = doc.model.engine[:200] or node.engine
+        width, height = doc.frame.width, doc.frame.height
+        node.frame = (width, height)
+        pose = None if doc.pose is None else pose_from_payload(msgspec.structs.asdict(doc.pose))
         if pose is not None:
             node.pose = {"east_m": pose.east_m, "north_m": pose.north_m, "up_m": pose.up_m,
                          "yaw_deg": pose.yaw_deg, "hfov_deg": pose.hfov_deg}
             node.footprint = footprint(pose, width, height) if width and height else None
             self._trail(node, now, pose.east_m, pose.north_m)
-        dets = doc.get("detections")
-        if isinstance(dets, list):
-            boxes = []
-            for det in dets[:MAX_BOXES]:
-                if not isinstance(det, dict):
-                    continue
-                box = det.get("box")
-                if isinstance(box, list) and len(box) == 4 and all(_num(v) is not None for v in box):
-                    boxes.append({"label": _text(det.get("label"), 40), "score": _num(det.get("score")) or 0.0,
-                                  "box": [float(v) for v in box]})
-            node.boxes, node.boxes_ts = boxes, now
+        node.boxes = [{"label": det.label[:40], "score": det.score, "box": list(det.box)}
+                      for det in doc.detections[:MAX_BOXES]]
+        node.boxes_ts = now
 
     def _trail(self, node: NodeView, now: float, east: float, north: float) -> None:
         trail = node.trail
@@ -280,30 +274,25 @@ class FleetModel:
         while trail and now - trail[0][0] > self.trail_s:
             trail.popleft()
 
-    def _metrics(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
-        if doc.get("schema") != "edgerun.metrics/1":
-            raise _Drop("wrong_schema")
-        s = doc.get("summary")
-        if not isinstance(s, dict):
-            raise _Drop("malformed")
-        node.model = _text(s.get("model")) or node.model
-        version = s.get("model_version")
-        if isinstance(version, int) and not isinstance(version, bool):
-            node.model_version = version
-        node.engine = _text(s.get("engine")) or node.engine
-        node.health = _text(s.get("state")) or node.health
-        node.p99_ms = _num(s.get("latency_p99_ms"))
-        dropped = _num(s.get("dropped"))
-        node.dropped = int(dropped) if dropped is not None else node.dropped
-        if isinstance(s.get("http"), str) and HTTP_ADDRESS_RE.match(s["http"]):
-            node.http = s["http"]
-        ts, frames, dets = _num(doc.get("ts")), _num(s.get("frames")), _num(s.get("detections"))
-        if ts is None or frames is None or dets is None:
-            node.fps = _num(s.get("fps"))
+    def _metrics(self, node: NodeView, payload: bytes, now: float) -> None:
+        doc = self._decode(payload, wire.Metrics)
+        s = self._convert(doc.summary, wire.MetricsSummary)
+        node.model = s.model[:200] or node.model
+        if s.model_version is not None:
+            node.model_version = s.model_version
+        node.engine = s.engine[:200] or node.engine
+        node.health = s.state[:200] or node.health
+        node.p99_ms = s.latency_p99_ms
+        node.dropped = int(s.dropped) if s.dropped is not None else node.dropped
+        if s.http is not None and HTTP_ADDRESS_RE.match(s.http):
+            node.http = s.http
+        ts, frames, dets = doc.ts, s.frames, s.detections
+        if frames is None or dets is None:
+            node.fps = s.fps
             return
         prev = node._metrics_prev
         if prev is None:
-            node.fps = _num(s.get("fps"))  # the node's average since it started, until there are two samples
+            node.fps = s.fps  # the node's average since it started, until there are two samples
         elif node._metrics_version != node.model_version:
             # A new model: rates start over, so a canary is judged on its new model only.
             node.fps = node.detection_rate = None
@@ -311,51 +300,51 @@ class FleetModel:
             dt, df = ts - prev[0], frames - prev[1]
             node.fps = round(df / dt, 2)
             node.detection_rate = round((dets - prev[2]) / df, 4) if df > 0 else node.detection_rate
-        node._metrics_prev = (ts, int(frames), int(dets))
+        node._metrics_prev = (ts, frames, dets)
         node._metrics_version = node.model_version
 
-    def _events(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
-        kind = _text(doc.get("kind"), 40)
+    def _events(self, node: NodeView, payload: bytes, now: float) -> None:
+        doc = self._decode(payload, dict[str, Any])
+        kind = self._convert(doc, wire.EventEnvelope).kind[:40]
         level = "info"
         if kind == "health":
-            node.health = _text(doc.get("state")) or node.health
-            reasons = doc.get("reasons")
-            node.reasons = {str(k)[:40]: _text(v) for k, v in list(reasons.items())[:16]} if isinstance(
-                reasons, dict) else {}
+            health = self._convert(doc, wire.HealthEvent)
+            node.health = health.state[:200] or node.health
+            node.reasons = {k[:40]: v[:200] for k, v in list(health.reasons.items())[:16]}
             node.stopping = node.health == "stopping"
             detail = "; ".join(f"{k}: {v}" for k, v in node.reasons.items())
             text = f"health {node.health}" + (f" ({detail})" if detail else "")
             level = "warn" if node.health == "degraded" else "info"
         elif kind == "engine":
-            event = _text(doc.get("event"))
-            node.engine = _text(doc.get("to")) or node.engine
+            engine = self._convert(doc, wire.EngineEvent)
+            event, to = engine.event[:200], (engine.to or "")[:200]
+            node.engine = to or node.engine
             node.fallback = event in ("failover", "start_degraded")
-            text = f"engine {event}: {_text(doc.get('from'))} -> {_text(doc.get('to'))}"
-            if doc.get("reason"):
-                text += f" ({_text(doc.get('reason'))})"
+            text = f"engine {event}: {(engine.from_ or '')[:200]} -> {to}"
+            if engine.reason:
+                text += f" ({engine.reason[:200]})"
             level = "warn" if node.fallback else "info"
         elif kind == "model":
-            node.model = _text(doc.get("name")) or node.model
-            version = doc.get("version")
-            if isinstance(version, int) and not isinstance(version, bool):
-                node.model_version = version
+            model = self._convert(doc, wire.ModelEvent)
+            node.model = model.name[:200] or node.model
+            if model.version is not None:
+                node.model_version = model.version
             text = f"model {node.model} v{node.model_version}"
         elif kind == "ota":
-            step = _text(doc.get("step"), 40)
-            version = doc.get("version")
-            keep = {k: doc[k] for k in ("step", "version", "code", "reason") if isinstance(doc.get(k), (str, int))}
+            ota = self._convert(doc, wire.OtaEvent)
+            step, version, code = ota.step[:40], ota.version, ota.code
+            keep = {k: doc[k] for k in ("step", "version", "code", "reason") if doc.get(k) is not None}
             node.ota = {**keep, "ts": now}
-            code = doc.get("code")
-            if isinstance(version, int) and (step in ("committed", "rolled_back") or (
+            if version is not None and (step in ("committed", "rolled_back") or (
                     step == "rejected" and code in RELEASE_FAULTS)):
                 # A "failed" step is a link or disk problem, not the release's fault: it does not count here.
                 node.ota_outcomes[version] = step if step != "rejected" else f"rejected:{code}"
                 if len(node.ota_outcomes) > 16:
                     node.ota_outcomes.pop(min(node.ota_outcomes))
-            text = f"ota {step}" + (f" v{version}" if isinstance(version, int) else "")
-            for key in ("code", "reason"):
-                if doc.get(key):
-                    text += f" {_text(doc.get(key))}"
+            text = f"ota {step}" + (f" v{version}" if version is not None else "")
+            for value in (code, ota.reason):
+                if value:
+                    text += f" {value[:200]}"
             level = "error" if step in ("rolled_back", "failed") else "info"
         else:
             rest = {k: v for k, v in doc.items() if k not in ("schema", "node", "kind", "ts")}
@@ -364,19 +353,12 @@ class FleetModel:
             level = "error" if rest.get("event") in ("dead", "suspect") or rest.get("kind") == "dead" else "info"
         self.add_event(now, node.id, kind or "event", text, level)
 
-    def _swarm(self, node: NodeView, doc: dict[str, Any], now: float) -> None:
-        if doc.get("schema") != "edgerun.swarm/1":
-            raise _Drop("wrong_schema")
-        members = doc.get("members")
-        if not isinstance(members, list):
-            raise _Drop("malformed")
+    def _swarm(self, node: NodeView, payload: bytes, now: float) -> None:
+        view = self._decode(payload, wire.SwarmView)
         out = []
-        for m in members[:MAX_MEMBERS]:
-            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
-                continue
-            meta = m.get("meta") if isinstance(m.get("meta"), dict) else {}
-            out.append({"name": m["name"][:128], "state": _text(m.get("state"), 20),
-                        "incarnation": m.get("incarnation") if isinstance(m.get("incarnation"), int) else None,
+        for m in view.members[:MAX_MEMBERS]:
+            meta = m.meta or {}
+            out.append({"name": m.name[:128], "state": m.state[:20], "incarnation": m.incarnation,
                         "meta": {k: v for k, v in list(meta.items())[:16] if isinstance(v, (str, int, float, bool))}})
         node.swarm_members = out
         node.swarm_seen = sum(1 for m in out if m["state"] in ("alive", "suspect") and m["name"] != node.id)
@@ -417,7 +399,7 @@ class FleetModel:
                              "yaw_deg": _num(meta.get("yaw")) or 0.0, "hfov_deg": _num(meta.get("hfov")) or 60.0}
 
     def _object(self, payload: bytes, now: float) -> None:
-        doc = self._json(payload)
+        doc = self._decode(payload, Any)
         items = doc if isinstance(doc, list) else [doc]
         for item in items[:100]:
             obj = parse_object(item)
@@ -514,9 +496,6 @@ class FleetModel:
         self._new_events, self._dirty_meta = [], False
         return delta
 
-    def mark_meta_dirty(self) -> None:
-        self._dirty_meta = True
-
 
 class _Drop(Exception):
     def __init__(self, reason: str) -> None:
@@ -525,34 +504,25 @@ class _Drop(Exception):
 
 def parse_object(item: Any) -> dict[str, Any] | None:
     """One ``edgerun.object/1`` fleet object, normalised, or None when a required field is missing or wrong."""
-    if not isinstance(item, dict) or item.get("schema", "edgerun.object/1") != "edgerun.object/1":
+    try:
+        obj = msgspec.convert(item, wire.ObjectReport)
+    except msgspec.ValidationError:
         return None
-    obj_id, label = item.get("id"), item.get("label")
-    east, north = _num(item.get("east_m")), _num(item.get("north_m"))
-    if not isinstance(obj_id, (str, int)) or isinstance(obj_id, bool) or not isinstance(label, str):
-        return None
-    if east is None or north is None:
-        return None
-    seen_by = item.get("seen_by")
-    if isinstance(seen_by, list):
-        seen = [str(s)[:128] for s in seen_by[:64]]
+    if isinstance(obj.seen_by, list):
+        seen = [str(s)[:128] for s in obj.seen_by[:64]]
         seen_count = len(seen)
-    elif isinstance(seen_by, int) and not isinstance(seen_by, bool):
-        seen, seen_count = [], seen_by
     else:
-        seen, seen_count = [], 0
-    first = _num(item.get("first_seen"))
-    last = _num(item.get("last_seen"))
+        seen, seen_count = [], obj.seen_by or 0
     return {
-        "id": str(obj_id)[:128],
-        "label": label[:40],
-        "east_m": round(east, 2),
-        "north_m": round(north, 2),
-        "uncertainty_m": max(0.0, _num(item.get("uncertainty_m")) or 0.0),
-        "first_seen": first,
-        "last_seen": last if last is not None else (first or 0.0),
-        "score": _num(item.get("score")),
-        "owner": _text(item.get("owner"), 128),
+        "id": str(obj.id)[:128],
+        "label": obj.label[:40],
+        "east_m": round(obj.east_m, 2),
+        "north_m": round(obj.north_m, 2),
+        "uncertainty_m": max(0.0, obj.uncertainty_m or 0.0),
+        "first_seen": obj.first_seen,
+        "last_seen": obj.last_seen if obj.last_seen is not None else (obj.first_seen or 0.0),
+        "score": obj.score,
+        "owner": obj.owner[:128],
         "seen_by": seen,
         "seen_count": seen_count,
     }

@@ -199,15 +199,29 @@ def test_decode_good_messages() -> None:
     [
         (b"x" * 2000, "payload of 2000 bytes is over the 1000-byte limit"),
         (b"\xff\xfe", "payload is not UTF-8"),
-        (b"{nope", "payload is not JSON (Expecting property name enclosed in double quotes at offset 1)"),
+        (b"{nope", "payload is not JSON (object keys must be strings (byte 1))"),
         (b"on\x07line", "text payload has control characters"),
-        (b'{"schema": "edgerun.detections/1", "node": 1}', "node: expected a string"),
-        (b'{"schema": "edgerun.detections/1", "node": "n", "seq": true}', "seq: expected an integer"),
+        (b'{"schema": "edgerun.detections/1", "node": 1}', "node: Expected `str`, got `int`"),
+        (b'{"schema": "edgerun.detections/1", "node": "n", "seq": true}', "seq: Expected `int`, got `bool`"),
+        (b'{"schema": "edgerun.detections/1", "node": "n", "seq": -1}', "seq: Expected `int` >= 0"),
         (
             b'{"schema": "edgerun.detections/1", "node": "n", "seq": 1, "ts": 2, "model": {"name": "m"},'
             b' "latency_ms": null, "detections": [{"label": "a", "score": NaN, "box": [1, 2, 3, 4]}]}',
-            "detections[0].score: expected a number",
+            "payload is not JSON (invalid character (byte 150))",  # JSON has no NaN
         ),
+        (
+            b'{"schema": "edgerun.detections/1", "node": "n", "seq": 1, "ts": 2,'
+            b' "model": {"name": "m", "version": 1, "engine": "e"}, "latency_ms": null,'
+            b' "detections": [{"label": "a", "class_id": 0, "score": 1.5, "box": [1, 2, 3, 4]}]}',
+            "detections[0].score: Expected `float` <= 1.0",
+        ),
+        (
+            b'{"schema": "edgerun.detections/1", "node": "n", "seq": 1, "ts": 2,'
+            b' "model": {"name": "m", "version": 1, "engine": "e"}, "latency_ms": null,'
+            b' "detections": [{"label": "a", "class_id": 0, "score": 0.5, "box": [1, 2, 3]}]}',
+            "detections[0].box: Expected `array` of length 4, got 3",
+        ),
+        (b'{"schema": "edgerun.detections/1", "node": "n", "seq": 1}', "Object missing required field `ts`"),
     ],
 )
 def test_decode_rejects_with_exact_reason(data: bytes, message: str) -> None:
