@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,11 +32,13 @@ import numpy as np
 import tomli_w
 
 from edgerun.config import ReplayConfig, parse_config
-from edgerun.demo import MIN_TRUTH_HEIGHT_PX, LocalListeners, add_demo_settings, greedy_matches, iou_matrix
+from edgerun.demo import LocalListeners, add_demo_settings
 from edgerun.sources.replay import ReplaySource
+from edgerun.testing.jsonl_reader import JsonlTail, read_jsonl
+from edgerun.testing.ports import free_port, free_tcp_udp_port
+from edgerun.testing.scoring import MIN_TRUTH_HEIGHT_PX, greedy_matches, iou_matrix
+from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA
 
-OBJECT_SCHEMA = "edgerun.object/1"
-DETECTION_SCHEMA = "edgerun.detections/1"
 # Drone k starts this far behind drone 0 along the path, and this far to the side: overlapping views.
 SPACING_M = 3.0
 SIDE_STEP_M = (0.0, 0.8, -0.8, 1.6, -1.6)
@@ -45,21 +46,6 @@ TRUTH_LABEL = "face"
 # The demo scene lays faces 3-6 m apart along a lane; the node default (5 m, widened by two combined
 # sigmas of ~1 m each) would merge neighbours into one object, so the demo claims within 2 m.
 DEMO_RADIUS_M = 2.0
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 (gossip uses one number for both)."""
-    for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind(("127.0.0.1", 0))
-            port = tcp.getsockname()[1]
-            try:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                    udp.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise OSError("no free port for both UDP and TCP on 127.0.0.1")
 
 
 def write_swarm_key(path: Path) -> None:
@@ -103,7 +89,7 @@ def drone_configs(
     """One node config per drone: a shared scene and swarm key, a flight and gossip port of its own."""
     key_file = out_dir / "swarm.key"
     write_swarm_key(key_file)
-    ports = [free_port() for _ in range(drones)]
+    ports = [free_tcp_udp_port() for _ in range(drones)]
     result = []
     for k in range(drones):
         node_id = f"drone-{k + 1}"
@@ -204,19 +190,6 @@ def stop_drones(drones: list[Drone], timeout_s: float = 10.0) -> dict[str, int |
     return codes
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON line of ``path`` (a half-written last line is skipped)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_bytes().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
 @dataclass
 class DroneTally:
     frames: int = 0
@@ -261,7 +234,7 @@ class FleetScore:
             tally.objects.add(str(row.get("id")))
             self.reports.setdefault(str(row.get("id")), row)
             return
-        if schema != DETECTION_SCHEMA:
+        if schema != DETECTIONS_SCHEMA:
             return
         tally.frames += 1
         dets = [d for d in row["detections"] if d["label"] == TRUTH_LABEL]
@@ -362,7 +335,7 @@ def side_by_side(drones: list[Drone], seq: int, path: Path) -> None:
         for x1, y1, x2, y2 in boxes.astype(int).tolist():
             cv2.rectangle(image, (x1, y1), (x2, y2), (255, 160, 0), 1)
         for row in read_jsonl(drone.detections_path):
-            if row.get("schema") == DETECTION_SCHEMA and row.get("seq") == seq:
+            if row.get("schema") == DETECTIONS_SCHEMA and row.get("seq") == seq:
                 for det in row["detections"]:
                     x1, y1, x2, y2 = (int(v) for v in det["box"])
                     cv2.rectangle(image, (x1, y1), (x2, y2), (0, 220, 0), 2)
@@ -371,33 +344,6 @@ def side_by_side(drones: list[Drone], seq: int, path: Path) -> None:
         source.close()
         tiles.append(image)
     cv2.imwrite(str(path), np.hstack(tiles))
-
-
-class JsonlTail:
-    """Reads the lines appended to a JSON Lines file since the last call (for the live status line)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-
-    def new_rows(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-        return rows
 
 
 def reports_per_truth(

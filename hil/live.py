@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgerun.demo_swarm import DETECTION_SCHEMA, OBJECT_SCHEMA, JsonlTail
+from edgerun.testing.jsonl_reader import JsonlTail
+from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA
 
 
 @dataclass
@@ -50,7 +51,7 @@ class LiveView:
             if not isinstance(payload, dict):
                 continue
             schema = payload.get("schema")
-            if schema == DETECTION_SCHEMA:
+            if schema == DETECTIONS_SCHEMA:
                 view = self.nodes[str(payload.get("node"))]
                 view.last_batch_t = max(view.last_batch_t, t)
                 view.batches += 1

@@ -24,9 +24,12 @@ from typing import Any
 import tomli_w
 
 from edgerun.config import parse_config
-from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, free_port, write_swarm_key
+
+# The rig flies the demo's scene (its spacing, side steps and truth label) so a HIL run is scored like the demo.
+from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, write_swarm_key
 from edgerun.sinks.mosquitto import _give_to_broker_user, find_mosquitto
 from edgerun.testing.control import DEFAULT_SOCKET, register_test_engines
+from edgerun.testing.ports import free_port, free_tcp_udp_port
 from hil import netlab
 from hil.fleet_release import FleetRelease
 from hil.scenario import NodeSpec, Scenario
@@ -139,7 +142,7 @@ class Rig:
         sims = scenario.simulated
         lab_nodes = [self.lab.add_node(spec.id) if self.lab else None for spec in sims]
         ips = [n.ip if n else "127.0.0.1" for n in lab_nodes]
-        gossip = [GOSSIP_PORT if self.lab else free_port() for _ in sims]
+        gossip = [GOSSIP_PORT if self.lab else free_tcp_udp_port() for _ in sims]
         for k, spec in enumerate(sims):
             seeds = [f"{ips[j]}:{gossip[j]}" for j in range(len(sims)) if j != k]
             drone = self._drone(k, spec, ips[k], gossip[k], seeds, key_file)

@@ -23,7 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.demo_swarm import DETECTION_SCHEMA, OBJECT_SCHEMA, TRUTH_LABEL, Drone, FleetScore, read_jsonl
+# The rig flies the demo's scene, so a run is scored with the demo's fleet score (its drones, truth label).
+from edgerun.demo_swarm import TRUTH_LABEL, Drone, FleetScore
+from edgerun.testing.jsonl_reader import read_jsonl
+from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA
 from hil.scenario import Scenario
 
 KILL_IN_FLIGHT_S = 3.0  # batches captured this close before a SIGKILL may die in the node's outbox, uncounted
@@ -64,7 +67,7 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
         payload = row.get("payload")
         if not isinstance(payload, dict):
             continue
-        if payload.get("schema") == DETECTION_SCHEMA:
+        if payload.get("schema") == DETECTIONS_SCHEMA:
             batches[str(payload.get("node"))].append((float(row["t"]), payload))
         elif payload.get("schema") == OBJECT_SCHEMA:
             objects.append((float(row["t"]), payload))
@@ -240,7 +243,7 @@ def _loss(batches: list[tuple[float, dict[str, Any]]], local: list[dict[str, Any
     kills = [e["t"] for e in exits if e.get("code") == -9]
     missing = in_flight = unseen = 0
     for row in local:
-        if row.get("schema") != DETECTION_SCHEMA or (row.get("seq"), row.get("ts")) in seen:
+        if row.get("schema") != DETECTIONS_SCHEMA or (row.get("seq"), row.get("ts")) in seen:
             continue
         ts = float(row.get("ts") or 0.0)
         if any(k - KILL_IN_FLIGHT_S <= ts <= k for k in kills):
@@ -258,7 +261,7 @@ def _loss(batches: list[tuple[float, dict[str, Any]]], local: list[dict[str, Any
             counted += int(previous)
         previous = value
     counted += int(previous)
-    return {"local": sum(1 for r in local if r.get("schema") == DETECTION_SCHEMA), "missing": missing,
+    return {"local": sum(1 for r in local if r.get("schema") == DETECTIONS_SCHEMA), "missing": missing,
             "in_flight_at_kill": in_flight, "observer_blind": unseen, "counted_dropped": counted,
             "unaccounted": max(0, missing - counted)}
 

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgerun.testing.ports import free_tcp_udp_port
 from hil import netlab
 from hil.netlab import LabNode, NetLab
 
@@ -80,14 +80,6 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, socket.socket() as tcp:
-        udp.bind(("127.0.0.1", 0))
-        port = udp.getsockname()[1]
-        tcp.bind(("127.0.0.1", port))
-        return port
-
-
 class Scenario:
     """One implementation's run over a set of members; the subclass knows how to start and read them."""
 
@@ -101,7 +93,7 @@ class Scenario:
         self.workdir = workdir
         self.members: list[Member] = []
         for index, lab_node in enumerate(nodes):
-            address = (lab_node.ip, SWARM_PORT) if lab_node is not None else ("127.0.0.1", _free_port())
+            address = (lab_node.ip, SWARM_PORT) if lab_node is not None else ("127.0.0.1", free_tcp_udp_port())
             self.members.append(Member(f"n{index:02d}", address, lab_node))
         self.names = {member.name for member in self.members}
 
@@ -347,7 +339,7 @@ class SerfScenario(Scenario):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.key = base64.b64encode(os.urandom(32)).decode()
-        self.rpc_ports = {m.name: (7373 if m.lab_node is not None else _free_port()) for m in self.members}
+        self.rpc_ports = {m.name: (7373 if m.lab_node is not None else free_tcp_udp_port()) for m in self.members}
 
     def argv(self, member: Member, seed: Member | None) -> list[str]:
         host, port = member.address

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -11,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+from edgerun.testing.ports import free_port as free_port  # tests import it from here too
 
 # Property tests: `ci` (the default, what `make test` runs) derives each test's examples from its own
 # code, so every run of the same tree tries the same inputs and a red run is red again; `fuzz`
@@ -89,13 +90,6 @@ def no_thread_left_behind():
     while set(threading.enumerate()) - before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert set(threading.enumerate()) - before == set()
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from edgerun.config import Config, parse_config
-from edgerun.demo import MATCH_IOU, iou_matrix
 from edgerun.fleet.service import camera_pose
 from edgerun.node import Node
 from edgerun.sources.replay import build_scene
+from edgerun.testing.scoring import MATCH_IOU, iou_matrix
 from edgerun.types import DetectionBatch
 from swarm.geo import project_boxes
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgerun.errors import EdgerunError
+from edgerun.testing.ports import free_port
 
 # Debian installs the broker in sbin, which is not on a normal user's PATH.
 _SEARCH_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
@@ -36,13 +37,6 @@ def find_mosquitto() -> str | None:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _give_to_broker_user(paths: list[Path]) -> None:

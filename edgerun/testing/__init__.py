@@ -1,1 +1,4 @@
-"""Fault injection for tests, the benchmarks and HIL rigs; never used by a production config."""
+"""Test and rig tooling: fault injection, test control, free ports, ground-truth scoring, JSON Lines reading.
+
+Used by tests, the benchmarks, HIL rigs and the demos; never by a production config.
+"""

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from edgerun.sinks.dds import loopback_config
-from edgerun.sinks.mosquitto import BrokerTls, Mosquitto, find_mosquitto, free_port, run_mosquitto
+from edgerun.sinks.mosquitto import BrokerTls, Mosquitto, find_mosquitto, run_mosquitto
+from edgerun.testing.ports import free_port
 from edgerun.types import DetectionBatch, Detections, FrameMeta, Pose
 
 __all__ = [

@@ -28,10 +28,10 @@ import jsonschema
 import pytest
 
 from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swarm_key
-from edgerun.demo_swarm import free_port as demo_free_port
 from edgerun.ota.manifest import cohort_position
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.station.auth import set_password
+from edgerun.testing.ports import free_tcp_udp_port
 from tests.conftest import free_port
 from tests.integration.brokers import REPO, Collector, collecting, wait_for
 from tests.unit.test_ota_release import Fleet, head_variant
@@ -136,7 +136,7 @@ def rig(tmp_path, blazeface_bundle):
         try:
             station_port = free_port()
             station_log = tmp_path / "station.log"
-            swarm = {"key": tmp_path / "swarm.key", "ports": [demo_free_port() for _ in NODES]}
+            swarm = {"key": tmp_path / "swarm.key", "ports": [free_tcp_udp_port() for _ in NODES]}
             write_swarm_key(swarm["key"])
             for index in range(len(NODES)):
                 nodes.append(Node(tmp_path, index, broker_port=broker.port, fleet=fleet, swarm=swarm))
