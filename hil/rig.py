@@ -27,7 +27,8 @@ from edgerun.config import parse_config
 
 # The rig flies the demo's scene (its spacing, side steps and truth label) so a HIL run is scored like the demo.
 from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, write_swarm_key
-from edgerun.sinks.mosquitto import _give_to_broker_user, find_mosquitto
+from edgerun.errors import EdgerunError
+from edgerun.sinks.mosquitto import Mosquitto
 from edgerun.testing.control import DEFAULT_SOCKET, register_test_engines
 from edgerun.testing.ports import free_port, free_tcp_udp_port
 from hil import netlab
@@ -101,7 +102,7 @@ class Rig:
         self.mode_reason = reason or ""
         self.lab: netlab.NetLab | None = None
         self.broker_node: netlab.LabNode | None = None
-        self.broker_proc: subprocess.Popen[bytes] | None = None
+        self.broker: Mosquitto | None = None
         self.broker_host = "127.0.0.1"
         self.broker_port = BROKER_PORT
         self.observer: subprocess.Popen[bytes] | None = None
@@ -205,42 +206,25 @@ class Rig:
         return subprocess.Popen(argv, **popen)
 
     def start_broker(self) -> None:
-        binary = find_mosquitto()
-        if binary is None:
-            raise RigError("mosquitto is not installed (run .ci/install-system-deps)")
         workdir = self.out / "broker"
         workdir.mkdir(parents=True, exist_ok=True)
-        conf = workdir / "mosquitto.conf"
-        # Persistence: the observer's session and its queued messages survive a broker restart fault.
-        conf.write_text("\n".join([
-            f"listener {self.broker_port} {self.broker_host}",
-            "allow_anonymous true",
-            "persistence true",
-            f"persistence_location {workdir}/",
-            "autosave_interval 0",
-            "max_queued_messages 0",
-            "set_tcp_nodelay true",
-            "log_dest stderr",
-            "log_type error",
-            "log_type warning",
-            "log_type notice",
-        ]) + "\n")
-        _give_to_broker_user([workdir])
-        with (workdir / "mosquitto.log").open("ab") as log:
-            self.broker_proc = self._spawn(self.broker_node, [binary, "-c", str(conf)], stdin=subprocess.DEVNULL,
-                                           stdout=log, stderr=log)
+        # Persistence, no queue limit: the observer's session and its queued messages survive a broker restart fault.
+        self.broker = self.broker or Mosquitto(port=self.broker_port, workdir=workdir, host=self.broker_host,
+                                               persistence=True, extra=["max_queued_messages 0"])
+        try:
+            command = self.broker.prepare()
+        except EdgerunError as err:
+            raise RigError(str(err)) from None
+        with self.broker.log_path.open("ab") as log:
+            # Spawned here, not by Mosquitto.start: in netns mode the broker runs inside its namespace.
+            self.broker.process = self._spawn(self.broker_node, command, stdin=subprocess.DEVNULL, stdout=log,
+                                              stderr=log)
         if not self._wait_port(self.broker_node, self.broker_host, self.broker_port, 10.0):
             raise RigError(f"mosquitto did not listen on {self.broker_host}:{self.broker_port}; see {workdir}")
 
     def stop_broker(self) -> None:
-        proc, self.broker_proc = self.broker_proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # saves its persistence file
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        if self.broker is not None:
+            self.broker.stop(timeout=10.0)  # SIGTERM first: it saves its persistence file
 
     def _wait_port(self, lab_node: netlab.LabNode | None, host: str, port: int, timeout: float) -> bool:
         probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 0.5).close()\n"

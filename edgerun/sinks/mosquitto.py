@@ -1,9 +1,10 @@
-"""A private mosquitto broker on a loopback port, for tests and ``edgerun bench --sinks``.
+"""A private mosquitto broker, for ``edgerun demo --local-broker``, tests, ``edgerun bench --sinks`` and the HIL rig.
 
 The broker is a real ``mosquitto -c FILE`` process with a config written here:
-one listener on 127.0.0.1 (plain or TLS), anonymous access, persistence off
-unless asked for. It can be stopped and started again on the same port, which
-is how the reconnect tests take the broker away from a running sink.
+one listener on 127.0.0.1 (plain or TLS; the HIL rig binds its namespace's
+address), anonymous access, persistence off unless asked for. It can be stopped
+and started again on the same port, which is how the reconnect tests take the
+broker away from a running sink. This is the one place that starts mosquitto.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def find_mosquitto() -> str | None:
     return None
 
 
-def _give_to_broker_user(paths: list[Path]) -> None:
+def give_to_broker_user(paths: list[Path]) -> None:
     """Started as root, mosquitto drops to its own user: let that user read its files and write persistence."""
     if os.geteuid() != 0:
         return
@@ -73,10 +74,7 @@ class Mosquitto:
     persistence: bool = False
     extra: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def host(self) -> str:
-        return "127.0.0.1"
+    host: str = "127.0.0.1"
 
     @property
     def log_path(self) -> Path:
@@ -84,7 +82,7 @@ class Mosquitto:
 
     def config_text(self) -> str:
         lines = [
-            f"listener {self.port} 127.0.0.1",
+            f"listener {self.port} {self.host}",
             "allow_anonymous true",
             f"persistence {'true' if self.persistence else 'false'}",
             "set_tcp_nodelay true",
@@ -105,10 +103,11 @@ class Mosquitto:
         lines += self.extra
         return "\n".join(lines) + "\n"
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start the broker and wait until its port accepts connections."""
-        if self.running:
-            return
+    def prepare(self) -> list[str]:
+        """Write the config (and TLS copies) into the workdir; the command that runs this broker.
+
+        ``start`` runs it here; the HIL rig runs it inside the broker's network namespace instead.
+        """
         binary = find_mosquitto()
         if binary is None:
             raise EdgerunError("mosquitto is not installed (run .ci/install-system-deps)")
@@ -119,11 +118,18 @@ class Mosquitto:
             for source, name in ((self.tls.ca, "ca.crt"), (self.tls.cert, "server.crt"), (self.tls.key, "server.key")):
                 shutil.copyfile(source, self.workdir / name)
                 owned.append(self.workdir / name)
-        _give_to_broker_user(owned)
+        give_to_broker_user(owned)
+        return [binary, "-c", str(conf)]
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the broker and wait until its port accepts connections."""
+        if self.running:
+            return
+        command = self.prepare()
         log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(
-                [binary, "-c", str(conf)],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -138,7 +144,7 @@ class Mosquitto:
                 self.process = None
                 raise EdgerunError(f"mosquitto on port {self.port} exited at start: {' | '.join(tail)}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection((self.host, self.port), timeout=0.5):
                     return
             except OSError:
                 if time.monotonic() > deadline:

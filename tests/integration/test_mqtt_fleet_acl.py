@@ -26,7 +26,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from edgerun.errors import ConfigError
-from edgerun.sinks.mosquitto import _give_to_broker_user
+from edgerun.sinks.mosquitto import give_to_broker_user
 from edgerun.tomlfile import load_toml
 from tests.integration.brokers import find_mosquitto, free_port, make_certs, wait_for
 
@@ -60,7 +60,7 @@ class FleetBroker:
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert snippet.stat().st_mode & 0o077 == 0  # the password is for its owner only
-        _give_to_broker_user([self.workdir / "passwd"])  # rewritten by mosquitto_passwd: the broker rereads it
+        give_to_broker_user([self.workdir / "passwd"])  # rewritten by mosquitto_passwd: the broker rereads it
         mqtt_cfg = load_toml(snippet, ConfigError, "credential snippet")["sinks"]["mqtt"]
         self.credentials[mqtt_cfg["username"]] = (mqtt_cfg["username"], mqtt_cfg["password"])
         return mqtt_cfg["username"], mqtt_cfg["password"]
@@ -99,7 +99,7 @@ def _run_broker(workdir: Path) -> Iterator[FleetBroker]:
         fleet.add(*args)
     conf = workdir / "mosquitto.conf"
     conf.write_text(fleet_config(SHIPPED_CONF.read_text(), port, workdir))
-    _give_to_broker_user([workdir, *workdir.iterdir()])
+    give_to_broker_user([workdir, *workdir.iterdir()])
     binary = find_mosquitto()
     assert binary is not None
     log = (workdir / "mosquitto.log").open("ab")
