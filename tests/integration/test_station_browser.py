@@ -194,6 +194,25 @@ def page(driver: Any, script: str) -> Any:
     return driver.execute_script(script)
 
 
+def text_of(driver: Any, element_id: str) -> str | None:
+    """An element's rendered text, found and read in one script call: nothing is held across a re-render."""
+    return driver.execute_script("const e = document.getElementById(arguments[0]); return e ? e.innerText : null;",
+                                 element_id)
+
+
+def submit_login(driver: Any, user: str, password: str) -> None:
+    """Fill and send the login form, then wait until the station's answer has replaced the form's page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    form = driver.find_element(By.ID, "login")
+    driver.find_element(By.ID, "user").send_keys(user)
+    driver.find_element(By.ID, "password").send_keys(password)
+    driver.find_element(By.ID, "login-submit").click()
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(form))  # held only to see it go
+
+
 def until(driver: Any, what: str, predicate, rig: dict, timeout: float = 90.0) -> None:
     if not wait_for(predicate, timeout, 0.25):
         logs = "\n".join(f"--- {n.name}\n{n.log()}" for n in rig["nodes"].values())
@@ -212,13 +231,14 @@ def click_halt(driver: Any) -> None:
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    for _ in range(20):  # the rollout panel is redrawn when its figures change
-        try:
-            selector = '.rollout[data-model="blazeface_short"] button[data-act="halt"]'
-            driver.find_element(By.CSS_SELECTOR, selector).click()
-            break
-        except StaleElementReferenceException:
-            time.sleep(0.1)
+    selector = '.rollout[data-model="blazeface_short"] button[data-act="halt"]'
+
+    def halt(d: Any) -> bool:
+        d.find_element(By.CSS_SELECTOR, selector).click()  # found afresh at every try
+        return True
+
+    # The rollout panel is redrawn when its figures change: a button found before a redraw is stale.
+    WebDriverWait(driver, 10, ignored_exceptions=(StaleElementReferenceException,)).until(halt)
     alert = WebDriverWait(driver, 10).until(expected_conditions.alert_is_present())
     assert "HALT the rollout of blazeface_short v2" in alert.text
     alert.accept()
@@ -355,12 +375,8 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
 
 def log_in(driver: Any, rig: dict) -> None:
     """The station wants an operator: the page sends the browser to the login form, which brings it back."""
-    from selenium.webdriver.common.by import By
-
     assert driver.current_url.endswith("/login"), driver.current_url
-    driver.find_element(By.ID, "user").send_keys(OPERATOR)
-    driver.find_element(By.ID, "password").send_keys(PASSWORD)
-    driver.find_element(By.ID, "login-submit").click()
+    submit_login(driver, OPERATOR, PASSWORD)
     until(driver, "the page after logging in", lambda: driver.title == "edgerun ground station", rig, 30)
     until(driver, "the operator's name", lambda: page(driver, "return document.getElementById('who').textContent")
           == f"operator {OPERATOR}", rig, 30)

@@ -33,7 +33,7 @@ from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.station.auth import set_password
 from tests.conftest import free_port
 from tests.integration.brokers import wait_for
-from tests.integration.test_station_browser import CHROMEDRIVER, browser  # noqa: F401 - the fixture
+from tests.integration.test_station_browser import CHROMEDRIVER, browser, submit_login, text_of  # noqa: F401 (fixture)
 from tests.unit.test_ota_release import Fleet, head_variant
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
@@ -432,6 +432,8 @@ def test_snapshots_are_fetched_only_from_allowed_node_addresses(tmp_path):
                     reason="Debian's chromium and chromium-driver are not installed")
 def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, browser):  # noqa: F811
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
 
     driver = browser
     with run_mosquitto() as broker:
@@ -441,21 +443,16 @@ def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, 
             driver.get(url)
             assert driver.current_url.endswith("/login") and "log in" in driver.title
 
-            def submit(password: str) -> None:
-                driver.find_element(By.ID, "user").send_keys("alice")
-                driver.find_element(By.ID, "password").send_keys(password)
-                driver.find_element(By.ID, "login-submit").click()
-
-            submit("not the password")
-            assert wait_for(lambda: "Wrong user name or password" in driver.find_element(By.ID, "login-error").text,
-                            15)
-            submit(PASSWORD)
+            # Elements are read through text_of (found and read in one script call): the form's answer is a new page.
+            submit_login(driver, "alice", "not the password")
+            assert wait_for(lambda: "Wrong user name or password" in (text_of(driver, "login-error") or ""), 15)
+            submit_login(driver, "alice", PASSWORD)
             assert wait_for(lambda: driver.title == "edgerun ground station", 15), driver.page_source[:500]
-            assert wait_for(lambda: driver.find_element(By.ID, "who").text == "operator alice", 15)
-            assert wait_for(lambda: f"mqtt://127.0.0.1:{broker.port}" in driver.find_element(By.ID, "summary").text,
+            assert wait_for(lambda: text_of(driver, "who") == "operator alice", 15)
+            assert wait_for(lambda: f"mqtt://127.0.0.1:{broker.port}" in (text_of(driver, "summary") or ""),
                             15)  # the stream is up: the snapshot reached the page
             assert driver.execute_script("return document.cookie") == ""  # HttpOnly: scripts cannot read it
-            driver.find_element(By.ID, "logout").click()
+            WebDriverWait(driver, 15).until(expected_conditions.element_to_be_clickable((By.ID, "logout"))).click()
             assert wait_for(lambda: driver.current_url.endswith("/login"), 15)
             driver.get(url)
             assert driver.current_url.endswith("/login")
@@ -480,7 +477,7 @@ def test_a_browser_on_a_rebound_name_gets_no_page(tmp_path):
         station = StationProc(tmp_path, broker.port)
         try:
             driver.get(f"http://evil.example:{station.port}/")
-            assert "is not this station's name" in driver.find_element("tag name", "body").text
+            assert "is not this station's name" in driver.execute_script("return document.body.innerText")
             assert "edgerun ground station" not in driver.title
             driver.get(f"http://127.0.0.1:{station.port}/")  # the same browser on the station's own address
             assert wait_for(lambda: driver.title == "edgerun ground station", 15)
