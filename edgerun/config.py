@@ -244,11 +244,11 @@ class SwarmConfig(Section):
     window_s: PositiveFloat = 60.0
     # Wait this long for neighbours' claims before reporting an object; 0: report at once, suppress later copies.
     # 2.5 s: drones that find an object within a gossip round trip of each other report it once; in the 20-drone
-    # sim duplicates are 0-2.5 % of shared objects at 2.5 s, 0-7.5 % at 1.5, ~40 % at 0 (README: fleet objects).
+    # sim duplicates are 0-2.5 % of shared objects at 2.5 s, 0-7.5 % at 1.5, ~40 % at 0 (docs/swarm.md, fleet objects).
     hold_s: NonNegFloat = 2.5
     min_score: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0  # detections below this make no claim
     # Drones that find an object already reported tell its owner once per track, so seen_by counts them; cheap
-    # in a small swarm, ~1.1 KB/s more per node in the 20-drone sim (README: fleet objects).
+    # in a small swarm, ~1.1 KB/s more per node in the 20-drone sim (docs/swarm.md, fleet objects).
     share_sightings: bool = False
     labels: list[str] = msgspec.field(default_factory=list)  # labels that make claims; empty: every label
     # How often this member's metadata (model, engine, health, camera position) is looked at; it is gossiped

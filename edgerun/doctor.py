@@ -4,7 +4,7 @@ Each probe imports the back end's library and looks for its devices without
 loading a model, so doctor runs in a second on any board. It also says which
 video back ends the OpenCV in use was built with: pip's OpenCV wheels have
 V4L2 and FFmpeg but no GStreamer, so on a Jetson the CSI camera pipeline
-(``nvarguscamerasrc``) needs JetPack's system OpenCV (README, Installing on Jetson).
+(``nvarguscamerasrc``) needs JetPack's system OpenCV (docs/installing.md).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def probe_opencv() -> dict[str, Any]:
     if not report["gstreamer"] and JETSON_RELEASE_FILE.exists():
         report["hint"] = (
             "this OpenCV has no GStreamer, so no nvarguscamerasrc (CSI cameras): use JetPack's system OpenCV, "
-            "in a venv made with --system-site-packages and no opencv-python* wheel (README, Installing on Jetson)"
+            "in a venv made with --system-site-packages and no opencv-python* wheel (docs/installing.md)"
         )
     return report
 

@@ -141,6 +141,6 @@ class DetectionBatch:
         )
 
     def to_payload(self, t_publish: float | None = None) -> dict[str, Any]:
-        """The versioned JSON payload documented in README.md (schema ``edgerun.detections/1``), as builtins."""
+        """The versioned JSON payload documented in docs/payloads.md (schema ``edgerun.detections/1``), as builtins."""
         payload: dict[str, Any] = msgspec.to_builtins(self.to_wire(t_publish))
         return payload

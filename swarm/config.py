@@ -20,7 +20,7 @@ class SwarmTiming:
     probe_timeout_s: float = 0.5
     indirect_checks: int = 3
     # memberlist: 4. At 3 a member killed in a 20-node swarm with 10 % loss is dead to all within 6 s (sim: 5.5-6.4 s,
-    # namespaces: 5.7 s; at 4: 6.2-7.7 s), with no false death in 300 s, also with a CPU-starved member (README).
+    # namespaces: 5.7 s; at 4: 6.2-7.7 s), with no false death in 300 s, also with a CPU-starved member (docs/swarm.md).
     suspicion_mult: int = 3
     suspicion_max_timeout_mult: int = 6
     retransmit_mult: int = 4

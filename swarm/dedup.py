@@ -278,7 +278,7 @@ class FleetObject:
         )
 
     def to_payload(self) -> dict[str, Any]:
-        """The JSON object documented in README.md and edgerun/schema/object-v1.json."""
+        """The JSON object documented in docs/payloads.md and edgerun/schema/object-v1.json."""
         return {
             "schema": OBJECT_SCHEMA,
             "id": self.id,

@@ -37,7 +37,7 @@ def cpu_engine_layout(cfg: Config, *, fallback: bool) -> tuple[int, int]:
     """(threads per interpreter, interpreter replicas) for the CPU TFLite engine.
 
     ``engine.num_threads`` and ``engine.replicas`` win when set. Otherwise
-    (measured: README, Benchmarks):
+    (measured: docs/benchmarks.md, Engine layout):
 
     * a live camera (``drop_*`` policies) gets one interpreter on every core:
       a frame's latency is one invoke, the shortest there is;

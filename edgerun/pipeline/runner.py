@@ -80,7 +80,7 @@ class PipelineSettings:
     snapshot_interval_s: float = 1.0
     # "separate": one thread per stage (one infer thread per replica). "fused": a worker per
     # replica does preprocess, infer and decode of a frame. "auto": fused when the engine already
-    # runs CPU threads on every core, where separate stages only steal cores from it (see README).
+    # runs CPU threads on every core, where separate stages only steal cores from it (docs/architecture.md).
     stage_threads: str = "auto"
     # Frames worked on at once: fused workers, or infer threads in the separate layout.
     # 0: as many as the engine takes concurrent calls (its CPU replicas).

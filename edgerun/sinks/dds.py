@@ -48,7 +48,7 @@ def require_cyclonedds(what: str = "sinks.dds.enabled", instead: str = "set sink
     except ImportError as err:
         raise ConfigError(
             f"{what}: Cyclone DDS is not installed ({err}); pip install 'edgerun[dds]' "
-            f"(on aarch64 it builds against Cyclone's C library: README, Installing on aarch64), or {instead}"
+            f"(on aarch64 it builds against Cyclone's C library: docs/installing.md), or {instead}"
         ) from None
 
 _LOOPBACK_XML = (

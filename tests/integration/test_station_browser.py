@@ -9,7 +9,7 @@ node of the same cohort that was up took the new one.
 The three drones fly one replayed scene as a swarm (the demo's layout: the same path a few metres
 apart, gossiping under one key), so the fleet objects on the page are the ones their dedup reported.
 
-Set ``EDGERUN_STATION_SCREENSHOT=docs/station.png`` to keep the page's screenshot (the README's picture).
+Set ``EDGERUN_STATION_SCREENSHOT=docs/station.png`` to keep the page's screenshot (the picture in docs/station.md).
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
           lambda: any(f"halted at 0% by operator:{OPERATOR}" in e for e in page(driver, EVENTS_JS)), rig, 30)
     time.sleep(1.0)  # a second delta would bring a duplicate (the station hears its own event on the broker)
     assert sum("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)) == 1
-    shot = os.environ.get("EDGERUN_STATION_SCREENSHOT")  # the README's picture: a dead node, a halted canary
+    shot = os.environ.get("EDGERUN_STATION_SCREENSHOT")  # docs/station.md's picture: a dead node, a halted canary
     driver.save_screenshot(str(Path(shot) if shot else tmp_path / "station.png"))
 
     # drone-3 is in the 50 % cohort (like drone-1, which took v2) and comes back after the halt
