@@ -33,8 +33,6 @@ else:  # Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 PREFIX = "EDGERUN_"
-# EDGERUN_ variables that name a section but are not config: a fault injected by the OTA tests.
-NOT_CONFIG = frozenset({"EDGERUN_OTA_CRASH_AT"})
 BOOL_WORDS = {"1": True, "yes": True, "on": True, "0": False, "no": False, "off": False}
 
 
@@ -113,7 +111,7 @@ def overlay_env(data: dict[str, Any], environ: Mapping[str, str] | None = None, 
     merged = _copy_tables(data)
     overlay = EnvOverlay(merged)
     for var in sorted(environ):
-        if not var.startswith(PREFIX) or var in NOT_CONFIG:
+        if not var.startswith(PREFIX):
             continue
         words = var[len(PREFIX) :].lower().split("_")
         if not any("_".join(words[:i]) in sections for i in range(1, len(words) + 1)):

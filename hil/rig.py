@@ -273,7 +273,6 @@ class Rig:
         else:
             argv.append("--test-control")
         env = {**os.environ, "PYTHONPATH": str(_repo_root())}
-        env.pop("EDGERUN_OTA_CRASH_AT", None)
         with (node.dir / "node.log").open("ab") as log:
             node.proc = self._spawn(node.lab_node, argv, stdout=subprocess.DEVNULL, stderr=log, cwd=node.dir, env=env)
         node.starts.append(time.time())
