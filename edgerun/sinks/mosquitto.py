@@ -4,7 +4,8 @@ The broker is a real ``mosquitto -c FILE`` process with a config written here:
 one listener on 127.0.0.1 (plain or TLS; the HIL rig binds its namespace's
 address), anonymous access, persistence off unless asked for. It can be stopped
 and started again on the same port, which is how the reconnect tests take the
-broker away from a running sink. This is the one place that starts mosquitto.
+broker away from a running sink. edgerun, hil and the test helpers start
+mosquitto only through here.
 """
 
 from __future__ import annotations
