@@ -34,6 +34,7 @@ from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
 
+
 class RecallMeter:
     """Counts ground-truth objects of one label and how many a detection matched (greedy, IoU >= 0.5)."""
 
@@ -69,8 +70,9 @@ def _kept(batch: DetectionBatch) -> DetectionBatch:
     """A batch whose arrays are its own (decoders may reuse their output buffers for the next frame)."""
     det = batch.detections
     keypoints = None if det.keypoints is None else det.keypoints.copy()
-    own = dataclasses.replace(det, boxes=det.boxes.copy(), scores=det.scores.copy(), class_ids=det.class_ids.copy(),
-                              keypoints=keypoints)
+    own = dataclasses.replace(
+        det, boxes=det.boxes.copy(), scores=det.scores.copy(), class_ids=det.class_ids.copy(), keypoints=keypoints
+    )
     return dataclasses.replace(batch, detections=own)
 
 

@@ -346,9 +346,7 @@ def side_by_side(drones: list[Drone], seq: int, path: Path) -> None:
     cv2.imwrite(str(path), np.hstack(tiles))
 
 
-def reports_per_truth(
-    objects: dict[str, dict[str, Any]], truth_points: np.ndarray, radius_m: float
-) -> dict[int, int]:
+def reports_per_truth(objects: dict[str, dict[str, Any]], truth_points: np.ndarray, radius_m: float) -> dict[int, int]:
     """How many fleet reports (keyed by object id) lie within ``radius_m`` of each ground-truth object."""
     per_truth: dict[int, int] = {}
     if truth_points.size == 0:

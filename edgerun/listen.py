@@ -189,7 +189,10 @@ def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
     login = MqttSinkConfig(
         username=args.username or "",
         password=(args.password or os.environ.get("EDGERUN_MQTT_PASSWORD") or "") if args.username else "",
-        tls=bool(args.tls), tls_ca=args.tls_ca or "", tls_cert=args.tls_cert or "", tls_key=args.tls_key or "",
+        tls=bool(args.tls),
+        tls_ca=args.tls_ca or "",
+        tls_cert=args.tls_cert or "",
+        tls_key=args.tls_key or "",
         tls_insecure=bool(args.tls_insecure),
     )
     try:

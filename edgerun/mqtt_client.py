@@ -177,7 +177,10 @@ def send_connect(client: mqtt.Client, cfg: MqttSinkConfig) -> None:
     Raises OSError (``describe_connect_error`` names it) or ClosedBeforeConnack.
     """
     rc = client.connect(
-        cfg.host, cfg.port, keepalive=cfg.keepalive_s, clean_start=cfg.clean_start,
+        cfg.host,
+        cfg.port,
+        keepalive=cfg.keepalive_s,
+        clean_start=cfg.clean_start,
         properties=connect_properties(cfg.session_expiry_s),
     )
     if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
@@ -195,7 +198,10 @@ def connect_in_background(
 ) -> None:
     """Start paho's network thread, which connects, and reconnects as ``new_client(reconnect=...)`` said."""
     client.connect_async(
-        host, port, keepalive=keepalive, clean_start=clean_start,
+        host,
+        port,
+        keepalive=keepalive,
+        clean_start=clean_start,
         properties=connect_properties(session_expiry_s),
     )
     client.loop_start()

@@ -215,9 +215,7 @@ class Node:
     def open_model(self, bundle: ModelBundle) -> Served:
         """Open ``bundle`` on ``engine.order`` beside the serving model, warm, not serving (blocking)."""
         frame_size = (self.source.width, self.source.height) if self.source is not None else FALLBACK_FRAME_SIZE
-        failover = open_failover(
-            self.cfg, bundle, frame_size, health=self.health, on_event=self._publish_from_thread
-        )
+        failover = open_failover(self.cfg, bundle, frame_size, health=self.health, on_event=self._publish_from_thread)
         return Served(failover.start(), failover)
 
     # -- lifecycle -----------------------------------------------------------
@@ -440,10 +438,17 @@ class Node:
         engine, source, model = pipeline.runtime.engine, pipeline.source, pipeline.runtime.model
         log.info(
             "node %s: %s v%d on %s (%d x %d threads), source %s %dx%d, %d %s worker(s)%s",
-            self.node_id, model.name, model.version, engine.KEY,
-            getattr(engine, "replicas", 1), getattr(engine, "num_threads", 0),
-            source.KEY, source.width, source.height,
-            pipeline.workers, "fused" if pipeline.fused else "separate-stage",
+            self.node_id,
+            model.name,
+            model.version,
+            engine.KEY,
+            getattr(engine, "replicas", 1),
+            getattr(engine, "num_threads", 0),
+            source.KEY,
+            source.width,
+            source.height,
+            pipeline.workers,
+            "fused" if pipeline.fused else "separate-stage",
             ", reading frames themselves" if pipeline.inline_capture else "",
         )
 
@@ -622,4 +627,3 @@ def run_node(cfg: Config, seconds: float | None = None, *, test_control: str | N
     except ImportError:
         runner = asyncio.run
     return runner(Node(cfg, test_control=test_control).run(seconds=seconds))
-

@@ -139,5 +139,11 @@ def check_snapshot(cfg: Config) -> None:
 
 
 CHECKS: list[Check] = [
-    check_bundle, check_root_keys, check_tls, check_inputs, check_writable_dirs, check_swarm, check_snapshot
+    check_bundle,
+    check_root_keys,
+    check_tls,
+    check_inputs,
+    check_writable_dirs,
+    check_swarm,
+    check_snapshot,
 ]

@@ -32,8 +32,13 @@ class Pose:
 
     def to_wire(self) -> wire.Pose:
         return wire.Pose(
-            round(self.east_m, 3), round(self.north_m, 3), round(self.up_m, 3), round(self.yaw_deg, 3),
-            round(self.pitch_deg, 3), round(self.roll_deg, 3), round(self.hfov_deg, 3),
+            round(self.east_m, 3),
+            round(self.north_m, 3),
+            round(self.up_m, 3),
+            round(self.yaw_deg, 3),
+            round(self.pitch_deg, 3),
+            round(self.roll_deg, 3),
+            round(self.hfov_deg, 3),
         )
 
     def to_payload(self) -> dict[str, float]:

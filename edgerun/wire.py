@@ -275,14 +275,20 @@ class StationEvent(msgspec.Struct):
 
 
 EVENT_DATA: dict[str, type[msgspec.Struct]] = {
-    "health": HealthEvent, "engine": EngineEvent, "model": ModelEvent, "ota": OtaEvent,
+    "health": HealthEvent,
+    "engine": EngineEvent,
+    "model": ModelEvent,
+    "ota": OtaEvent,
 }
 
 
 def event_payload(node: str, kind: str, data: Mapping[str, Any], ts: float | None = None) -> dict[str, Any]:
     """An ``edgerun.event/1`` object: the envelope, then the data's other fields (the envelope wins)."""
     payload: dict[str, Any] = {
-        "schema": EVENT_SCHEMA, "node": node, "kind": kind, "ts": time.time() if ts is None else ts,
+        "schema": EVENT_SCHEMA,
+        "node": node,
+        "kind": kind,
+        "ts": time.time() if ts is None else ts,
     }
     for key, value in data.items():
         payload.setdefault(key, value)

@@ -21,16 +21,25 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--timing", default="{}", help="JSON overrides of swarm SwarmTiming for edgerun's members")
     bench.add_argument("--only", choices=("edgerun", "serf"), help="run one side only")
     bench.add_argument("--loopback", action="store_true", help="loopback even where namespaces can be made")
-    bench.add_argument("--starve", type=float, default=0.0,
-                       help="share of every second node n01 is SIGSTOPped after full membership (0.3: 300 ms)")
+    bench.add_argument(
+        "--starve",
+        type=float,
+        default=0.0,
+        help="share of every second node n01 is SIGSTOPped after full membership (0.3: 300 ms)",
+    )
     bench.add_argument("--join-timeout", type=float, default=60.0)
     bench.add_argument("--detect-timeout", type=float, default=60.0)
     run = commands.add_parser("run", help="fly a scenario with its faults, score it, write report.json/report.html")
     run.add_argument("scenario", help="a scenario file, or the name of one in hil/scenarios/ (smoke, sar-5)")
     run.add_argument("--out", type=Path, required=True, help="run directory (report, observations, node logs)")
     run.add_argument("--loopback", action="store_true", help="loopback even where namespaces can be made")
-    run.add_argument("--ignore-control", action="append", default=[], metavar="NODE",
-                     help="(rig self-test) start NODE without --test-control behind a socket that ignores commands")
+    run.add_argument(
+        "--ignore-control",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="(rig self-test) start NODE without --test-control behind a socket that ignores commands",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
@@ -53,8 +62,13 @@ def _run_scenario(args: argparse.Namespace) -> int:
     from hil.rig import RigError
 
     try:
-        return run_scenario(scenario, args.out, force_loopback=args.loopback,
-                            ignore_control=frozenset(args.ignore_control), progress=not args.quiet)
+        return run_scenario(
+            scenario,
+            args.out,
+            force_loopback=args.loopback,
+            ignore_control=frozenset(args.ignore_control),
+            progress=not args.quiet,
+        )
     except EdgerunError as err:
         print(f"hil run: error: {err}", file=sys.stderr)
         return err.exit_code
@@ -74,10 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         timing = json.loads(args.timing)
         if not isinstance(timing, dict):
             raise ValueError("--timing must be a JSON object")
-        result = run_swarm_bench(args.nodes, args.loss, args.seconds, timing=timing, with_edgerun=args.only != "serf",
-                                 with_serf=args.only != "edgerun",
-                                 force_loopback=args.loopback, join_timeout_s=args.join_timeout,
-                                 detect_timeout_s=args.detect_timeout, starve=args.starve)
+        result = run_swarm_bench(
+            args.nodes,
+            args.loss,
+            args.seconds,
+            timing=timing,
+            with_edgerun=args.only != "serf",
+            with_serf=args.only != "edgerun",
+            force_loopback=args.loopback,
+            join_timeout_s=args.join_timeout,
+            detect_timeout_s=args.detect_timeout,
+            starve=args.starve,
+        )
     except ValueError as exc:
         print(f"hil swarm-bench: {exc}", file=sys.stderr)
         return 2

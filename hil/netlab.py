@@ -179,8 +179,9 @@ class NetLab:
         ip = str(self._subnet[index + 1])
         peer = f"v{index}"
         self._add_netns(netns)
-        _run(["ip", "-n", netns, "link", "add", "eth0", "type", "veth", "peer", "name", peer,
-              "netns", self.bridge_netns])
+        _run(
+            ["ip", "-n", netns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", self.bridge_netns]
+        )
         _run(["ip", "-n", self.bridge_netns, "link", "set", peer, "master", "br0", "up"])
         _run(["ip", "-n", netns, "addr", "add", f"{ip}/{self._subnet.prefixlen}", "dev", "eth0"])
         _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
@@ -229,12 +230,15 @@ class NetLab:
         _run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input_text=script)
 
     def _ensure_table(self, node: LabNode) -> None:
-        self._nft(node, (
-            f"table inet {_NFT_TABLE} {{\n"
-            "  chain loss { type filter hook input priority 0; policy accept; }\n"
-            "  chain partition { type filter hook input priority -10; policy accept; }\n"
-            "}\n"
-        ))
+        self._nft(
+            node,
+            (
+                f"table inet {_NFT_TABLE} {{\n"
+                "  chain loss { type filter hook input priority 0; policy accept; }\n"
+                "  chain partition { type filter hook input priority -10; policy accept; }\n"
+                "}\n"
+            ),
+        )
 
     def impair(self, node: LabNode, *, loss_percent: float, backend: str = "auto") -> str:
         """Drops that share of the packets the node receives; returns the backend used ("netem" or "nftables")."""
@@ -244,8 +248,23 @@ class NetLab:
         if use_netem:
             # netem shapes egress; the bridge-side peer's egress is this node's ingress.
             peer = f"v{self.nodes.index(node)}"
-            _run(["ip", "netns", "exec", self.bridge_netns, "tc", "qdisc", "replace", "dev", peer, "root",
-                  "netem", "loss", f"{loss_percent}%"])
+            _run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.bridge_netns,
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    peer,
+                    "root",
+                    "netem",
+                    "loss",
+                    f"{loss_percent}%",
+                ]
+            )
             self.impairment_backend = "netem"
             return "netem"
         self._ensure_table(node)
@@ -277,8 +296,9 @@ class NetLab:
         """Whether a UDP datagram from source reaches target and its echo comes back (no ping binary needed)."""
         server = self.spawn(target, [sys.executable, "-c", _ECHO_SERVER, str(port), str(timeout_s + 1)])
         try:
-            client = self.run(source, [sys.executable, "-c", _ECHO_CLIENT, target.ip, str(port), str(timeout_s)],
-                              check=False)
+            client = self.run(
+                source, [sys.executable, "-c", _ECHO_CLIENT, target.ip, str(port), str(timeout_s)], check=False
+            )
             return client.returncode == 0
         finally:
             server.kill()

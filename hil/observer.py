@@ -32,8 +32,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgerun import wire
 from edgerun.mqtt_client import MQTT_CLEAN_START_FIRST_ONLY, connect_in_background, new_client
 
-TOPICS = (wire.node_topic("+", "detections"), wire.node_topic("+", "events"), wire.FLEET_OBJECTS_TOPIC,
-          wire.node_topic("+", "swarm"), wire.node_topic("+", "status"))
+TOPICS = (
+    wire.node_topic("+", "detections"),
+    wire.node_topic("+", "events"),
+    wire.FLEET_OBJECTS_TOPIC,
+    wire.node_topic("+", "swarm"),
+    wire.node_topic("+", "status"),
+)
 SCRAPE_TIMEOUT_S = 0.8
 
 
@@ -113,8 +118,14 @@ def run_observer(broker: str, nodes: dict[str, str], out: Path, stop: threading.
     client.on_message, client.on_connect, client.on_disconnect = on_message, on_connect, on_disconnect
     # A session that outlives a broker restart (the broker persists it): what the nodes publish between the
     # broker coming back and this client resubscribing is queued for it, not lost to the record.
-    connect_in_background(client, host or "127.0.0.1", int(port), keepalive=10, session_expiry_s=3600,
-                          clean_start=MQTT_CLEAN_START_FIRST_ONLY)
+    connect_in_background(
+        client,
+        host or "127.0.0.1",
+        int(port),
+        keepalive=10,
+        session_expiry_s=3600,
+        clean_start=MQTT_CLEAN_START_FIRST_ONLY,
+    )
     try:
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
             next_tick = time.monotonic()

@@ -84,8 +84,14 @@ def plot_map(result: dict[str, Any], radius_m: float) -> str:
         target = np.array([label == "face" for label in labels], bool)
         in_view = np.array([i in seen for i in idx], bool)
         ax.scatter(truth[~target, 0], truth[~target, 1], s=18, marker="s", c="0.75", label="other scene object")
-        ax.scatter(truth[target & ~in_view, 0], truth[target & ~in_view, 1], s=40, facecolors="none",
-                   edgecolors="tab:blue", label="target (never in view)")
+        ax.scatter(
+            truth[target & ~in_view, 0],
+            truth[target & ~in_view, 1],
+            s=40,
+            facecolors="none",
+            edgecolors="tab:blue",
+            label="target (never in view)",
+        )
         ax.scatter(truth[in_view, 0], truth[in_view, 1], s=40, c="tab:blue", label="target (in view)")
         for x, y in truth[in_view]:
             ax.add_patch(plt.Circle((x, y), radius_m, fill=False, color="tab:blue", alpha=0.25))
@@ -164,39 +170,74 @@ def _fmt(value: Any) -> str:
 def render_html(scenario: Scenario, result: dict[str, Any]) -> str:
     series, verdict = result["series"], result["verdict"]
     ok = verdict["passed"]
-    criteria = [[html.escape(c["name"]), _fmt(c["value"]), _fmt(c["limit"]),
-                 '<b class="ok">pass</b>' if c["passed"] else '<b class="bad">FAIL</b>',
-                 _fmt(c.get("missed_by")) if not c["passed"] else "", html.escape(c.get("detail", ""))]
-                for c in result["criteria"]]
-    nodes = [[html.escape(name), n["batches"], _fmt(n["fps"]), _fmt(n["latency_p50_ms"]), _fmt(n["latency_p99_ms"]),
-              _fmt(n["max_outage_s"]), len(n["exits"]), n["unexpected_exits"], _fmt(n["final_version"]),
-              _fmt((n.get("loss") or {}).get("missing")), _fmt((n.get("loss") or {}).get("counted_dropped")),
-              _fmt(", ".join(f"{r['why']}: {r['restart_s']} s" for r in n["restarts"]) or "")]
-             for name, n in result["per_node"].items()]
+    criteria = [
+        [
+            html.escape(c["name"]),
+            _fmt(c["value"]),
+            _fmt(c["limit"]),
+            '<b class="ok">pass</b>' if c["passed"] else '<b class="bad">FAIL</b>',
+            _fmt(c.get("missed_by")) if not c["passed"] else "",
+            html.escape(c.get("detail", "")),
+        ]
+        for c in result["criteria"]
+    ]
+    nodes = [
+        [
+            html.escape(name),
+            n["batches"],
+            _fmt(n["fps"]),
+            _fmt(n["latency_p50_ms"]),
+            _fmt(n["latency_p99_ms"]),
+            _fmt(n["max_outage_s"]),
+            len(n["exits"]),
+            n["unexpected_exits"],
+            _fmt(n["final_version"]),
+            _fmt((n.get("loss") or {}).get("missing")),
+            _fmt((n.get("loss") or {}).get("counted_dropped")),
+            _fmt(", ".join(f"{r['why']}: {r['restart_s']} s" for r in n["restarts"]) or ""),
+        ]
+        for name, n in result["per_node"].items()
+    ]
     happened = {True: "yes", False: "<b class='bad'>no</b>", None: "n/a"}
-    faults = [[f["index"], _fmt(f["at_s"]), html.escape(f["kind"]), html.escape(f.get("node") or ""),
-               _fmt(f.get("duration_s")),
-               happened[f.get("happened")] if f.get("injectable", True) else "not injectable",
-               html.escape(f.get("detail") or f.get("why_not") or "")]
-              for f in result["faults"]]
+    faults = [
+        [
+            f["index"],
+            _fmt(f["at_s"]),
+            html.escape(f["kind"]),
+            html.escape(f.get("node") or ""),
+            _fmt(f.get("duration_s")),
+            happened[f.get("happened")] if f.get("injectable", True) else "not injectable",
+            html.escape(f.get("detail") or f.get("why_not") or ""),
+        ]
+        for f in result["faults"]
+    ]
     fleet = result["fleet"]
     ota = result["ota"]
-    notes = [f"Rig: {html.escape(str(result['mode']))}" + (f" ({html.escape(result['mode_reason'])})"
-                                                          if result.get("mode_reason") else ""),
-             f"Network impairment: {html.escape(str(result.get('impairment')))}; latency/jitter: "
-             f"{html.escape(str(result.get('latency_jitter')))}"]
+    notes = [
+        f"Rig: {html.escape(str(result['mode']))}"
+        + (f" ({html.escape(result['mode_reason'])})" if result.get("mode_reason") else ""),
+        f"Network impairment: {html.escape(str(result.get('impairment')))}; latency/jitter: "
+        f"{html.escape(str(result.get('latency_jitter')))}",
+    ]
     notes += [f"Not injectable: {html.escape(line)}" for line in result["not_injectable"]]
     if result["interrupted"]:
         notes.insert(0, "<b class='bad'>Interrupted: partial run</b>")
-    images = [plot_fps(series), plot_latency_cdf(series), plot_map(result, scenario.swarm.radius_m),
-              plot_membership(series), plot_versions(series)]
+    images = [
+        plot_fps(series),
+        plot_latency_cdf(series),
+        plot_map(result, scenario.swarm.radius_m),
+        plot_membership(series),
+        plot_versions(series),
+    ]
     imgs = "".join(f'<img alt="plot" src="data:image/png;base64,{b64}">' for b64 in images)
     recall = fleet.get("object_recall")
-    summary = (f"fleet objects {fleet.get('fleet_objects')}, object recall "
-               f"{'n/a' if recall is None else f'{recall:.3f}'} ({fleet.get('objects_found')}/"
-               f"{fleet.get('objects_seen')} targets seen of {fleet.get('targets_in_scene')} in the scene, "
-               f"{fleet.get('targets_declared')} declared), duplicate "
-               f"reports {fleet.get('duplicate_reports')}")
+    summary = (
+        f"fleet objects {fleet.get('fleet_objects')}, object recall "
+        f"{'n/a' if recall is None else f'{recall:.3f}'} ({fleet.get('objects_found')}/"
+        f"{fleet.get('objects_seen')} targets seen of {fleet.get('targets_in_scene')} in the scene, "
+        f"{fleet.get('targets_declared')} declared), duplicate "
+        f"reports {fleet.get('duplicate_reports')}"
+    )
     if ota is not None:
         summary += f"; OTA v{ota['version']} convergence {_fmt(ota['convergence_s'])} s"
     return f"""<!doctype html>
@@ -221,8 +262,25 @@ img {{ max-width: 100%; margin: .4em .6em .4em 0; border: 1px solid #eee; }}
 {_table(["criterion", "value", "limit", "result", "missed by", "detail"], criteria)}
 <h2>Plots</h2><div class="grid">{imgs}</div>
 <h2>Nodes</h2>
-{_table(["node", "batches", "fps", "p50 ms", "p99 ms", "max unexplained silence s", "exits", "unexpected",
-         "final version", "lost", "counted dropped", "restarts"], nodes)}
+{
+        _table(
+            [
+                "node",
+                "batches",
+                "fps",
+                "p50 ms",
+                "p99 ms",
+                "max unexplained silence s",
+                "exits",
+                "unexpected",
+                "final version",
+                "lost",
+                "counted dropped",
+                "restarts",
+            ],
+            nodes,
+        )
+    }
 <h2>Faults</h2>
 {_table(["#", "at s", "kind", "node", "duration s", "happened", "detail"], faults)}
 </body></html>

@@ -89,8 +89,15 @@ class SimNode:
 class Rig:
     """Builds and tears down the run's processes; ``with Rig(...) as rig:``."""
 
-    def __init__(self, scenario: Scenario, out: Path, release: FleetRelease, *, force_loopback: bool = False,
-                 ignore_control: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        out: Path,
+        release: FleetRelease,
+        *,
+        force_loopback: bool = False,
+        ignore_control: frozenset[str] = frozenset(),
+    ) -> None:
         self.scenario = scenario
         self.out = out
         self.release = release
@@ -168,28 +175,58 @@ class Rig:
                 "fps": scenario.scene.fps,
                 "reopen_backoff_s": 0.5,
                 "reopen_backoff_max_s": 2.0,
-                "replay": {"seed": scenario.scene.seed, "width": scenario.scene.width,
-                           "speed_mps": scenario.scene.speed_mps,
-                           "height": scenario.scene.height, "path_offset_m": path_offset,
-                           "east_offset_m": east_offset},
+                "replay": {
+                    "seed": scenario.scene.seed,
+                    "width": scenario.scene.width,
+                    "speed_mps": scenario.scene.speed_mps,
+                    "height": scenario.scene.height,
+                    "path_offset_m": path_offset,
+                    "east_offset_m": east_offset,
+                },
             },
             "model": {"bundle": spec.model or str(self.release.v1.root)},
-            "engine": {"order": list(spec.engines), "hang_deadline_ms": spec.hang_deadline_ms,
-                       "state_dir": str(node_dir / "state"), "reprobe_min_s": 1.0, "reprobe_max_s": 4.0,
-                       "num_threads": 1, "replicas": 1},
+            "engine": {
+                "order": list(spec.engines),
+                "hang_deadline_ms": spec.hang_deadline_ms,
+                "state_dir": str(node_dir / "state"),
+                "reprobe_min_s": 1.0,
+                "reprobe_max_s": 4.0,
+                "num_threads": 1,
+                "replicas": 1,
+            },
             "sinks": {
                 "jsonl": {"path": str(node_dir / "detections.jsonl")},
                 # QoS 1 and no expiry: a batch is delivered or counted as dropped by the node, never lost quietly.
-                "mqtt": {"enabled": True, "host": self.broker_host, "port": self.broker_port, "qos_detections": 1,
-                         "message_expiry_s": 0, "reconnect_max_s": 1.0, "metrics_interval_s": 0.0,
-                         "outbox": 5000},
+                "mqtt": {
+                    "enabled": True,
+                    "host": self.broker_host,
+                    "port": self.broker_port,
+                    "qos_detections": 1,
+                    "message_expiry_s": 0,
+                    "reconnect_max_s": 1.0,
+                    "metrics_interval_s": 0.0,
+                    "outbox": 5000,
+                },
             },
             "service": {"http_host": ip, "http_port": HTTP_PORT if self.lab else free_port(), "stall_s": 30.0},
-            "ota": {"enabled": True, "state_dir": str(node_dir / "state"), "root_keys": [str(self.release.root_pub)],
-                    "mqtt": True, "poll_interval_s": 10.0, "health_window_s": 8.0, "latency_factor": 50.0},
-            "swarm": {"enabled": True, "bind": f"{ip}:{port}", "seeds": seeds, "key_file": str(key_file),
-                      "radius_m": scenario.swarm.radius_m, "labels": [TRUTH_LABEL],
-                      "timing": dict(scenario.swarm.timing)},
+            "ota": {
+                "enabled": True,
+                "state_dir": str(node_dir / "state"),
+                "root_keys": [str(self.release.root_pub)],
+                "mqtt": True,
+                "poll_interval_s": 10.0,
+                "health_window_s": 8.0,
+                "latency_factor": 50.0,
+            },
+            "swarm": {
+                "enabled": True,
+                "bind": f"{ip}:{port}",
+                "seeds": seeds,
+                "key_file": str(key_file),
+                "radius_m": scenario.swarm.radius_m,
+                "labels": [TRUTH_LABEL],
+                "timing": dict(scenario.swarm.timing),
+            },
         }
         for key in ("hold_s", "window_s"):  # left out: the node's own default
             if getattr(scenario.swarm, key) is not None:
@@ -209,16 +246,22 @@ class Rig:
         workdir = self.out / "broker"
         workdir.mkdir(parents=True, exist_ok=True)
         # Persistence, no queue limit: the observer's session and its queued messages survive a broker restart fault.
-        self.broker = self.broker or Mosquitto(port=self.broker_port, workdir=workdir, host=self.broker_host,
-                                               persistence=True, extra=["max_queued_messages 0"])
+        self.broker = self.broker or Mosquitto(
+            port=self.broker_port,
+            workdir=workdir,
+            host=self.broker_host,
+            persistence=True,
+            extra=["max_queued_messages 0"],
+        )
         try:
             command = self.broker.prepare()
         except EdgerunError as err:
             raise RigError(str(err)) from None
         with self.broker.log_path.open("ab") as log:
             # Spawned here, not by Mosquitto.start: in netns mode the broker runs inside its namespace.
-            self.broker.process = self._spawn(self.broker_node, command, stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=log)
+            self.broker.process = self._spawn(
+                self.broker_node, command, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
         if not self._wait_port(self.broker_node, self.broker_host, self.broker_port, 10.0):
             raise RigError(f"mosquitto did not listen on {self.broker_host}:{self.broker_port}; see {workdir}")
 
@@ -227,8 +270,10 @@ class Rig:
             self.broker.stop(timeout=10.0)  # SIGTERM first: it saves its persistence file
 
     def _wait_port(self, lab_node: netlab.LabNode | None, host: str, port: int, timeout: float) -> bool:
-        probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 0.5).close()\n"
-                 "except OSError:\n sys.exit(1)\n")
+        probe = (
+            "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 0.5).close()\n"
+            "except OSError:\n sys.exit(1)\n"
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.lab is not None and lab_node is not None:
@@ -245,8 +290,15 @@ class Rig:
         return False
 
     def start_observer(self) -> None:
-        argv = [sys.executable, "-m", "hil.observer", "--broker", f"{self.broker_host}:{self.broker_port}",
-                "--out", str(self.observations_path)]
+        argv = [
+            sys.executable,
+            "-m",
+            "hil.observer",
+            "--broker",
+            f"{self.broker_host}:{self.broker_port}",
+            "--out",
+            str(self.observations_path),
+        ]
         for node in self.nodes.values():
             argv += ["--node", f"{node.id}={node.http_url}"]
         for spec in self.scenario.nodes:
@@ -284,8 +336,14 @@ class Rig:
         for node in self.nodes.values():
             if node.proc is not None and node.proc.poll() is not None:
                 code = node.proc.returncode
-                node.exits.append({"t": time.time(), "code": code, "expected": bool(node.expect_exit),
-                                   "why": node.expect_exit or "unexpected"})
+                node.exits.append(
+                    {
+                        "t": time.time(),
+                        "code": code,
+                        "expected": bool(node.expect_exit),
+                        "why": node.expect_exit or "unexpected",
+                    }
+                )
                 node.proc = None
                 ended.append(node)
         return ended
@@ -315,8 +373,15 @@ class Rig:
         return reply
 
     def publish_release(self) -> None:
-        argv = [sys.executable, "-m", "hil.fleet_release", "publish", str(self.release.release_dir),
-                self.release.model, f"{self.broker_host}:{self.broker_port}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "hil.fleet_release",
+            "publish",
+            str(self.release.release_dir),
+            self.release.model,
+            f"{self.broker_host}:{self.broker_port}",
+        ]
         if self.lab is not None and self.broker_node is not None:
             result = self.lab.run(self.broker_node, argv, check=False)
         else:

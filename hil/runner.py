@@ -39,8 +39,14 @@ class StartupFailed(Exception):
     """A node never published: the scenario cannot start; reported as a failed run."""
 
 
-def run_scenario(scenario: Scenario, out: Path, *, force_loopback: bool = False,
-                 ignore_control: frozenset[str] = frozenset(), progress: bool = True) -> int:
+def run_scenario(
+    scenario: Scenario,
+    out: Path,
+    *,
+    force_loopback: bool = False,
+    ignore_control: frozenset[str] = frozenset(),
+    progress: bool = True,
+) -> int:
     """Run ``scenario`` into ``out``; returns the exit code (0: every criterion holds, 1: some failed, 130: cut)."""
     from hil.report import write_report
     from hil.scoring import score_run
@@ -106,14 +112,21 @@ def _rig_record(rig: Rig, timeline: Timeline) -> dict[str, Any]:
         "mode_reason": rig.mode_reason,
         "impairment": rig.impairment_backend or ("none" if rig.lab else "not available on loopback"),
         "latency_jitter": "not injected: this kernel has no netem; the rig injects loss only (nftables)"
-        if rig.impairment_backend != "netem" else "netem available (loss only configured)",
+        if rig.impairment_backend != "netem"
+        else "netem available (loss only configured)",
         "t_release": timeline.t_release,
         "nodes": {
-            node.id: {"ip": node.ip, "http": node.http_url, "starts": node.starts, "exits": node.exits,
-                      "replay": node.replays[0][1] if node.replays else node.drone.config["source"]["replay"],
-                      "replays": node.replays, "fps": node.drone.config["source"]["fps"],
-                      "ignore_control": node.ignore_control,
-                      "engines": node.spec.engines}
+            node.id: {
+                "ip": node.ip,
+                "http": node.http_url,
+                "starts": node.starts,
+                "exits": node.exits,
+                "replay": node.replays[0][1] if node.replays else node.drone.config["source"]["replay"],
+                "replays": node.replays,
+                "fps": node.drone.config["source"]["fps"],
+                "ignore_control": node.ignore_control,
+                "engines": node.spec.engines,
+            }
             for node in rig.nodes.values()
         },
         "real_nodes": {spec.id: spec.address for spec in rig.scenario.nodes if spec.real},
@@ -132,8 +145,9 @@ def _wait_for_fleet(rig: Rig, live: LiveView, progress: bool) -> float:
         if not waiting:
             return time.time()
         if time.monotonic() > deadline:
-            raise StartupFailed(f"{', '.join(waiting)} published nothing within {STARTUP_TIMEOUT_S:.0f} s "
-                                "(see nodes/*/node.log)")
+            raise StartupFailed(
+                f"{', '.join(waiting)} published nothing within {STARTUP_TIMEOUT_S:.0f} s (see nodes/*/node.log)"
+            )
         if time.monotonic() - shown >= (0.5 if sys.stderr.isatty() else 10.0):
             shown = time.monotonic()
             _line(f"[{rig.scenario.name}] starting: waiting for {', '.join(waiting)}", progress)
@@ -153,9 +167,11 @@ def _fly(rig: Rig, live: LiveView, timeline: Timeline, t0: float, scenario: Scen
         if now - last_line >= (0.5 if sys.stderr.isatty() else 10.0):
             last_line = now
             up = sum(1 for n in rig.nodes.values() if n.running)
-            _line(f"[{scenario.name}] {elapsed:5.0f}/{scenario.duration_s:.0f} s  faults {timeline.done}/"
-                  f"{len(timeline.records)}  nodes up {up}/{len(rig.nodes)}  fleet objects {len(live.objects)}",
-                  progress)
+            _line(
+                f"[{scenario.name}] {elapsed:5.0f}/{scenario.duration_s:.0f} s  faults {timeline.done}/"
+                f"{len(timeline.records)}  nodes up {up}/{len(rig.nodes)}  fleet objects {len(live.objects)}",
+                progress,
+            )
         time.sleep(0.2)
     _line(f"[{scenario.name}] done: {len(live.objects)} fleet objects", progress, final=True)
 

@@ -42,8 +42,9 @@ NODE_FAULTS = frozenset(
     {"accelerator_exception", "accelerator_hang", "kill", "ota_power_cut", "clock_skew", "camera_loss"}
 )
 # Faults that last ``duration_s`` and are then undone (heal, broker back, restart, clear, camera back).
-TIMED_FAULTS = frozenset({"accelerator_exception", "accelerator_hang", "partition", "broker_restart", "kill",
-                          "camera_loss", "clock_skew"})
+TIMED_FAULTS = frozenset(
+    {"accelerator_exception", "accelerator_hang", "partition", "broker_restart", "kill", "camera_loss", "clock_skew"}
+)
 
 
 class ScenarioError(ConfigError):

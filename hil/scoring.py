@@ -41,12 +41,14 @@ def load_observations(path: Path) -> list[dict[str, Any]]:
 def score_run(out: Path, scenario: Scenario) -> dict[str, Any]:
     run = json.loads((out / "run.json").read_text())
     rows = load_observations(out / "observations.jsonl")
-    return score_records(run, rows, scenario, {n: read_jsonl(out / "nodes" / n / "detections.jsonl")
-                                               for n in run.get("nodes", {})})
+    return score_records(
+        run, rows, scenario, {n: read_jsonl(out / "nodes" / n / "detections.jsonl") for n in run.get("nodes", {})}
+    )
 
 
-def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Scenario,
-                  local: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def score_records(
+    run: dict[str, Any], rows: list[dict[str, Any]], scenario: Scenario, local: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
     """The scores of one run from its records; ``local``: each simulated node's own JSON Lines."""
     t0 = float(run.get("t0") or run.get("started") or 0.0)
     t_end = float(run.get("t_end") or t0 + scenario.duration_s)
@@ -73,8 +75,12 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
             objects.append((float(row["t"]), payload))
     names = list(nodes_info) + [n for n in run.get("real_nodes", {}) if n not in nodes_info]
     fleet = _fleet_score(nodes_info, batches, objects, scenario)
-    per_node = {name: _node_score(name, nodes_info.get(name, {}), batches[name], scrapes[name], faults,
-                                  local.get(name), t0, t_end, blind) for name in names}
+    per_node = {
+        name: _node_score(
+            name, nodes_info.get(name, {}), batches[name], scrapes[name], faults, local.get(name), t0, t_end, blind
+        )
+        for name in names
+    }
     failovers = _failovers(faults, batches)
     ota = _ota(run, faults, batches, names)
     result: dict[str, Any] = {
@@ -90,20 +96,37 @@ def score_records(run: dict[str, Any], rows: list[dict[str, Any]], scenario: Sce
         "failovers": failovers,
         "ota": ota,
         "faults": faults,
-        "not_injectable": [f"{f['kind']} at {f['at_s']:g} s on {f.get('node') or 'the fleet'}: {f['why_not']}"
-                           for f in faults if not f.get("injectable", True)],
+        "not_injectable": [
+            f"{f['kind']} at {f['at_s']:g} s on {f.get('node') or 'the fleet'}: {f['why_not']}"
+            for f in faults
+            if not f.get("injectable", True)
+        ],
         "series": _series(t0, batches, objects, scrapes, nodes_info, faults, fleet),
     }
     result["criteria"] = check_criteria(result, scenario)
     if run.get("startup_error"):
-        result["criteria"].insert(0, {"name": "the fleet started", "limit": True, "value": False, "passed": False,
-                                      "missed_by": None, "unit": "", "detail": run["startup_error"]})
+        result["criteria"].insert(
+            0,
+            {
+                "name": "the fleet started",
+                "limit": True,
+                "value": False,
+                "passed": False,
+                "missed_by": None,
+                "unit": "",
+                "detail": run["startup_error"],
+            },
+        )
     result["verdict"] = verdict(result["criteria"], scenario.name, result["interrupted"])
     return result
 
 
-def _fleet_score(nodes_info: dict[str, Any], batches: dict[str, list[tuple[float, dict[str, Any]]]],
-                 objects: list[tuple[float, dict[str, Any]]], scenario: Scenario) -> dict[str, Any]:
+def _fleet_score(
+    nodes_info: dict[str, Any],
+    batches: dict[str, list[tuple[float, dict[str, Any]]]],
+    objects: list[tuple[float, dict[str, Any]]],
+    scenario: Scenario,
+) -> dict[str, Any]:
     # One scored flight per process: a restarted node flies on from further along its path.
     flights: dict[str, list[tuple[float, str]]] = {}
     drones = []
@@ -115,8 +138,15 @@ def _fleet_score(nodes_info: dict[str, Any], batches: dict[str, list[tuple[float
             drones.append(Drone(len(drones), key, Path("."), {"source": source}))
             flights.setdefault(name, []).append((float(start), key))
     if not drones:
-        return {"fleet_objects": len({o["id"] for _, o in objects}), "object_recall": None, "duplicate_reports": 0,
-                "objects_seen": 0, "objects_found": 0, "duplicate_ratio": None, "targets_declared": 0}
+        return {
+            "fleet_objects": len({o["id"] for _, o in objects}),
+            "object_recall": None,
+            "duplicate_reports": 0,
+            "objects_seen": 0,
+            "objects_found": 0,
+            "duplicate_ratio": None,
+            "targets_declared": 0,
+        }
     score = FleetScore(drones, scenario.swarm.radius_m)
     try:
         for name, keys in flights.items():
@@ -149,9 +179,17 @@ def _windows(faults: list[dict[str, Any]], node: str, t_end: float) -> list[tupl
     return out
 
 
-def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict[str, Any]]],
-                scrapes: list[dict[str, Any]], faults: list[dict[str, Any]], local: list[dict[str, Any]] | None,
-                t0: float, t_end: float, blind: list[tuple[float, float, str]]) -> dict[str, Any]:
+def _node_score(
+    name: str,
+    info: dict[str, Any],
+    batches: list[tuple[float, dict[str, Any]]],
+    scrapes: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    local: list[dict[str, Any]] | None,
+    t0: float,
+    t_end: float,
+    blind: list[tuple[float, float, str]],
+) -> dict[str, Any]:
     latencies = latencies_ms(batches, _skews(faults, name))
     exits = info.get("exits", [])
     starts = info.get("starts", [])
@@ -166,8 +204,14 @@ def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict
         start = min(later_starts) if later_starts else None
         first = next((t for t, _ in sorted(batches, key=lambda b: b[0]) if start is not None and t >= start), None)
         if start is not None:
-            restarts.append({"exit_t": exit_["t"], "code": exit_["code"], "why": exit_["why"],
-                             "restart_s": round(first - start, 2) if first else None})
+            restarts.append(
+                {
+                    "exit_t": exit_["t"],
+                    "code": exit_["code"],
+                    "why": exit_["why"],
+                    "restart_s": round(first - start, 2) if first else None,
+                }
+            )
         if exit_.get("expected") and first is not None:
             explained.append((exit_["t"] - 1.0, first + 0.1, "restart"))
     gaps = []
@@ -185,8 +229,9 @@ def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict
         "latency_p50_ms": _pct(latencies, 50),
         "latency_p99_ms": _pct(latencies, 99),
         "exits": exits,
-        "unexpected_exits": sum(1 for e in exits if not e.get("expected")
-                                and not (e.get("code") == 0 and e.get("t", 0) >= t_end - 1.0)),
+        "unexpected_exits": sum(
+            1 for e in exits if not e.get("expected") and not (e.get("code") == 0 and e.get("t", 0) >= t_end - 1.0)
+        ),
         "restarts": restarts,
         "max_outage_s": round(worst[0], 2),
         "max_outage_at_s": round(worst[1] - t0, 1),
@@ -196,8 +241,9 @@ def _node_score(name: str, info: dict[str, Any], batches: list[tuple[float, dict
 
 
 def _skews(faults: list[dict[str, Any]], node: str) -> list[float]:
-    return [f.get("skew_s", 0.0) for f in faults if f["kind"] == "clock_skew" and f.get("node") == node
-            and f.get("t_start")]
+    return [
+        f.get("skew_s", 0.0) for f in faults if f["kind"] == "clock_skew" and f.get("node") == node and f.get("t_start")
+    ]
 
 
 def latencies_ms(batches: list[tuple[float, dict[str, Any]]], skews: list[float]) -> list[float]:
@@ -230,9 +276,13 @@ def _uncovered(a: float, b: float, windows: list[tuple[float, float, str]]) -> f
     return sum(pb - pa for pa, pb in pieces)
 
 
-def _loss(batches: list[tuple[float, dict[str, Any]]], local: list[dict[str, Any]],
-          scrapes: list[dict[str, Any]], exits: list[dict[str, Any]],
-          blind: list[tuple[float, float, str]]) -> dict[str, int]:
+def _loss(
+    batches: list[tuple[float, dict[str, Any]]],
+    local: list[dict[str, Any]],
+    scrapes: list[dict[str, Any]],
+    exits: list[dict[str, Any]],
+    blind: list[tuple[float, float, str]],
+) -> dict[str, int]:
     """Batches the node wrote locally that the broker never delivered, against what the node counted.
 
     Batches captured while the observer itself was off the broker are ``observer_blind``, not lost: the
@@ -255,15 +305,21 @@ def _loss(batches: list[tuple[float, dict[str, Any]]], local: list[dict[str, Any
     counted = 0
     previous = 0.0
     for scrape in scrapes:  # a counter going down is a new process: the last value of each one adds up
-        value = sum(v for k, v in (scrape.get("metrics") or {}).items() if k.startswith(MQTT_DROPS[0])
-                    and MQTT_DROPS[1] in k)
+        value = sum(
+            v for k, v in (scrape.get("metrics") or {}).items() if k.startswith(MQTT_DROPS[0]) and MQTT_DROPS[1] in k
+        )
         if value < previous:
             counted += int(previous)
         previous = value
     counted += int(previous)
-    return {"local": sum(1 for r in local if r.get("schema") == DETECTIONS_SCHEMA), "missing": missing,
-            "in_flight_at_kill": in_flight, "observer_blind": unseen, "counted_dropped": counted,
-            "unaccounted": max(0, missing - counted)}
+    return {
+        "local": sum(1 for r in local if r.get("schema") == DETECTIONS_SCHEMA),
+        "missing": missing,
+        "in_flight_at_kill": in_flight,
+        "observer_blind": unseen,
+        "counted_dropped": counted,
+        "unaccounted": max(0, missing - counted),
+    }
 
 
 def _failovers(faults: list[dict[str, Any]], batches: dict[str, list[tuple[float, dict[str, Any]]]]) -> list[dict]:
@@ -272,15 +328,28 @@ def _failovers(faults: list[dict[str, Any]], batches: dict[str, list[tuple[float
         if not f["kind"].startswith("accelerator") or f.get("t_start") is None:
             continue
         node, t = f["node"], f["t_start"]
-        first = next((bt for bt, p in sorted(batches.get(node, []), key=lambda b: b[0])
-                      if bt >= t and (p.get("model") or {}).get("engine") != "hilaccel"), None)
-        out.append({"node": node, "fault": f["index"], "kind": f["kind"],
-                    "failover_s": round(first - t, 3) if first is not None else None})
+        first = next(
+            (
+                bt
+                for bt, p in sorted(batches.get(node, []), key=lambda b: b[0])
+                if bt >= t and (p.get("model") or {}).get("engine") != "hilaccel"
+            ),
+            None,
+        )
+        out.append(
+            {
+                "node": node,
+                "fault": f["index"],
+                "kind": f["kind"],
+                "failover_s": round(first - t, 3) if first is not None else None,
+            }
+        )
     return out
 
 
-def _ota(run: dict[str, Any], faults: list[dict[str, Any]], batches: dict[str, list[tuple[float, dict]]],
-         names: list[str]) -> dict[str, Any] | None:
+def _ota(
+    run: dict[str, Any], faults: list[dict[str, Any]], batches: dict[str, list[tuple[float, dict]]], names: list[str]
+) -> dict[str, Any] | None:
     releases = [f for f in faults if f["kind"] == "ota_release" and f.get("t_start")]
     if not releases:
         return None
@@ -288,21 +357,37 @@ def _ota(run: dict[str, Any], faults: list[dict[str, Any]], batches: dict[str, l
     t, version = release["t_start"], release.get("version", 2)
     per_node: dict[str, float | None] = {}
     for name in names:
-        first = next((bt for bt, p in sorted(batches.get(name, []), key=lambda b: b[0])
-                      if bt >= t and int((p.get("model") or {}).get("version") or 0) >= version), None)
+        first = next(
+            (
+                bt
+                for bt, p in sorted(batches.get(name, []), key=lambda b: b[0])
+                if bt >= t and int((p.get("model") or {}).get("version") or 0) >= version
+            ),
+            None,
+        )
         per_node[name] = round(first - t, 2) if first is not None else None
     done = [v for v in per_node.values() if v is not None]
-    return {"version": version, "t_release": t, "per_node_s": per_node,
-            "convergence_s": max(done) if len(done) == len(per_node) and done else None}
+    return {
+        "version": version,
+        "t_release": t,
+        "per_node_s": per_node,
+        "convergence_s": max(done) if len(done) == len(per_node) and done else None,
+    }
 
 
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 1) if values else None
 
 
-def _series(t0: float, batches: dict[str, list[tuple[float, dict[str, Any]]]], objects: list[tuple[float, dict]],
-            scrapes: dict[str, list[dict[str, Any]]], nodes_info: dict[str, Any], faults: list[dict[str, Any]],
-            fleet: dict[str, Any]) -> dict[str, Any]:
+def _series(
+    t0: float,
+    batches: dict[str, list[tuple[float, dict[str, Any]]]],
+    objects: list[tuple[float, dict]],
+    scrapes: dict[str, list[dict[str, Any]]],
+    nodes_info: dict[str, Any],
+    faults: list[dict[str, Any]],
+    fleet: dict[str, Any],
+) -> dict[str, Any]:
     """What the report plots, relative to the scenario's start."""
     latency: dict[str, list[float]] = {}
     fps: dict[str, list[tuple[int, int]]] = {}
@@ -319,8 +404,14 @@ def _series(t0: float, batches: dict[str, list[tuple[float, dict[str, Any]]]], o
             if not changes or changes[-1][1] != v:
                 changes.append((round(t - t0, 2), v))
         version[name] = changes
-    membership = {name: [(round(s["t"] - t0, 1), sum(1 for st in (s.get("members") or {}).values() if st == "alive"))
-                         for s in rows if s.get("ok")] for name, rows in scrapes.items()}
+    membership = {
+        name: [
+            (round(s["t"] - t0, 1), sum(1 for st in (s.get("members") or {}).values() if st == "alive"))
+            for s in rows
+            if s.get("ok")
+        ]
+        for name, rows in scrapes.items()
+    }
     reports = {}
     for _, o in objects:
         reports.setdefault(o["id"], o)
@@ -342,8 +433,16 @@ def check_criteria(result: dict[str, Any], scenario: Scenario) -> list[dict[str,
     def add(name: str, value: float | None, limit: float, higher_is_better: bool, unit: str = "") -> None:
         passed = value is not None and (value >= limit if higher_is_better else value <= limit)
         by = None if value is None or passed else abs(value - limit)
-        checks.append({"name": name, "limit": limit, "value": value, "passed": passed,
-                       "missed_by": None if by is None else round(by, 4), "unit": unit})
+        checks.append(
+            {
+                "name": name,
+                "limit": limit,
+                "value": value,
+                "passed": passed,
+                "missed_by": None if by is None else round(by, 4),
+                "unit": unit,
+            }
+        )
 
     fleet, nodes = result["fleet"], result["per_node"]
     if c.min_object_recall is not None:
@@ -353,8 +452,13 @@ def check_criteria(result: dict[str, Any], scenario: Scenario) -> list[dict[str,
     for pct, limit in ((50, c.max_latency_p50_ms), (99, c.max_latency_p99_ms)):
         if limit is not None:
             values = [n[f"latency_p{pct}_ms"] for n in nodes.values()]
-            add(f"latency_p{pct}_ms (worst node)", None if None in values or not values else max(values), limit,
-                False, " ms")
+            add(
+                f"latency_p{pct}_ms (worst node)",
+                None if None in values or not values else max(values),
+                limit,
+                False,
+                " ms",
+            )
     if c.max_failover_s is not None:
         for fo in result["failovers"]:
             add(f"failover_s {fo['node']} (fault {fo['fault']})", fo["failover_s"], c.max_failover_s, False, " s")
@@ -368,8 +472,9 @@ def check_criteria(result: dict[str, Any], scenario: Scenario) -> list[dict[str,
         if worst is not None:
             add(f"max_outage_s ({worst[0]})", worst[1]["max_outage_s"], c.max_outage_s, False, " s")
     if c.max_unexpected_exits is not None:
-        add("unexpected_exits", float(sum(n["unexpected_exits"] for n in nodes.values())), c.max_unexpected_exits,
-            False)
+        add(
+            "unexpected_exits", float(sum(n["unexpected_exits"] for n in nodes.values())), c.max_unexpected_exits, False
+        )
     if c.max_unaccounted_loss is not None:
         losses = [n["loss"]["unaccounted"] for n in nodes.values() if n.get("loss")]
         add("unaccounted_loss (batches)", float(sum(losses)), c.max_unaccounted_loss, False)
@@ -378,9 +483,17 @@ def check_criteria(result: dict[str, Any], scenario: Scenario) -> list[dict[str,
             add(f"batches from {name}", float(n["batches"]), c.min_batches_per_node, True)
     for f in result["faults"]:
         if f.get("injectable", True):
-            checks.append({"name": f"fault {f['index']} {f['kind']}{' ' + f['node'] if f.get('node') else ''} happened",
-                           "limit": True, "value": f.get("happened"), "passed": f.get("happened") is True,
-                           "missed_by": None, "unit": "", "detail": f.get("detail", "")})
+            checks.append(
+                {
+                    "name": f"fault {f['index']} {f['kind']}{' ' + f['node'] if f.get('node') else ''} happened",
+                    "limit": True,
+                    "value": f.get("happened"),
+                    "passed": f.get("happened") is True,
+                    "missed_by": None,
+                    "unit": "",
+                    "detail": f.get("detail", ""),
+                }
+            )
     return checks
 
 
@@ -393,8 +506,10 @@ def verdict(checks: list[dict[str, Any]], name: str, interrupted: bool = False) 
         elif c["value"] is None:
             parts.append(f"{c['name']}: not measured (limit {c['limit']:g}{c['unit']})")
         else:
-            parts.append(f"{c['name']} {c['value']:g}{c['unit']} vs limit {c['limit']:g}{c['unit']} "
-                         f"(missed by {c['missed_by']:g}{c['unit']})")
+            parts.append(
+                f"{c['name']} {c['value']:g}{c['unit']} vs limit {c['limit']:g}{c['unit']} "
+                f"(missed by {c['missed_by']:g}{c['unit']})"
+            )
     passed = not failed and not interrupted
     if passed:
         line = f"PASS {name}: all {len(checks)} criteria hold"

@@ -38,8 +38,16 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
 SWARM_PORT = 7946
-METRICS = ("full_membership_s", "detect_p50_s", "detect_max_s", "suspicions", "refutations", "false_deaths",
-           "bytes_per_node_s", "cpu_percent_per_node")
+METRICS = (
+    "full_membership_s",
+    "detect_p50_s",
+    "detect_max_s",
+    "suspicions",
+    "refutations",
+    "false_deaths",
+    "bytes_per_node_s",
+    "cpu_percent_per_node",
+)
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _SERF_EVENT = re.compile(r"EventMember(Join|Failed|Leave|Update|Reap): (\S+)")
 _SERF_SUSPECT = re.compile(r"memberlist: Suspect (\S+) has failed")
@@ -85,8 +93,9 @@ class Scenario:
 
     implementation = ""
 
-    def __init__(self, lab: NetLab | None, nodes: list[LabNode | None], loss: float, workdir: Path, *,
-                 starve: float = 0.0) -> None:
+    def __init__(
+        self, lab: NetLab | None, nodes: list[LabNode | None], loss: float, workdir: Path, *, starve: float = 0.0
+    ) -> None:
         self.lab = lab
         self.loss = loss
         self.starve = starve
@@ -119,7 +128,11 @@ class Scenario:
             argv = self.lab.command(member.lab_node, argv)
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         member.process = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(REPO),
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            cwd=str(REPO),
             stdin=asyncio.subprocess.DEVNULL,
         )
         if self.lab is not None:
@@ -168,8 +181,10 @@ class Scenario:
             if self.starve > 0:
                 starved = self.members[1]
                 starver = loop.create_task(self._starve(starved, self.starve))
-                notes.append(f"{self.implementation}: {starved.name} SIGSTOPped {self.starve * 1000:.0f} ms of "
-                             "every second after full membership (CPU starvation)")
+                notes.append(
+                    f"{self.implementation}: {starved.name} SIGSTOPped {self.starve * 1000:.0f} ms of "
+                    "every second after full membership (CPU starvation)"
+                )
 
             # Steady phase: link bytes and CPU of every process over the same window.
             sent0 = await self.bytes_sent()
@@ -192,8 +207,10 @@ class Scenario:
             detected = await self._until(lambda: all(victim.name in o.dead_at for o in observers), detect_timeout_s)
             if not detected:
                 missing = sum(victim.name not in o.dead_at for o in observers)
-                notes.append(f"{self.implementation}: {missing} observers did not declare {victim.name} dead "
-                             f"within {detect_timeout_s:.0f} s")
+                notes.append(
+                    f"{self.implementation}: {missing} observers did not declare {victim.name} dead "
+                    f"within {detect_timeout_s:.0f} s"
+                )
             delays = sorted(o.dead_at[victim.name] - killed_at for o in observers if victim.name in o.dead_at)
             # Counted before stopping: serf agents do not leave on SIGTERM, so their peers may see them fail.
             false_deaths = sum(1 for m in self.members for name in m.dead_at if name != victim.name)
@@ -202,16 +219,20 @@ class Scenario:
                 await asyncio.gather(starver, return_exceptions=True)
             await self._stop(observers)
             suspicions, refutations = self.protocol_counts()
-            return RunResult(self.implementation, {
-                "full_membership_s": _round(full_membership),
-                "detect_p50_s": _round(statistics.median(delays)) if delays else None,
-                "detect_max_s": _round(delays[-1]) if delays and detected else None,
-                "suspicions": suspicions,
-                "refutations": refutations,
-                "false_deaths": false_deaths,
-                "bytes_per_node_s": _round(bytes_per_node_s, 1),
-                "cpu_percent_per_node": _round(statistics.fmean(cpus), 3) if cpus else None,
-            }, notes)
+            return RunResult(
+                self.implementation,
+                {
+                    "full_membership_s": _round(full_membership),
+                    "detect_p50_s": _round(statistics.median(delays)) if delays else None,
+                    "detect_max_s": _round(delays[-1]) if delays and detected else None,
+                    "suspicions": suspicions,
+                    "refutations": refutations,
+                    "false_deaths": false_deaths,
+                    "bytes_per_node_s": _round(bytes_per_node_s, 1),
+                    "cpu_percent_per_node": _round(statistics.fmean(cpus), 3) if cpus else None,
+                },
+                notes,
+            )
         finally:
             if starver is not None:
                 starver.cancel()
@@ -274,8 +295,21 @@ class EdgerunScenario(Scenario):
 
     def argv(self, member: Member, seed: Member | None) -> list[str]:
         host, port = member.address
-        argv = [sys.executable, "-m", "swarm.agent", "--name", member.name, "--bind", f"{host}:{port}",
-                "--key", str(self.key_file), "--timing", json.dumps(self.timing), "--stats-interval", "1"]
+        argv = [
+            sys.executable,
+            "-m",
+            "swarm.agent",
+            "--name",
+            member.name,
+            "--bind",
+            f"{host}:{port}",
+            "--key",
+            str(self.key_file),
+            "--timing",
+            json.dumps(self.timing),
+            "--stats-interval",
+            "1",
+        ]
         if seed is not None:
             argv += ["--seed", f"{seed.address[0]}:{seed.address[1]}"]
         if member.lab_node is None and self.loss > 0:
@@ -328,8 +362,10 @@ class EdgerunScenario(Scenario):
         # memberlist logs "Suspect X has failed" on each failed probe: the twin is our probe_failures counter.
         stats = [m.final_stats or m.last_stats for m in self.members]
         if all(s is not None and "probe_failures" in s for s in stats):
-            return (sum(int(s.get("probe_failures", 0)) for s in stats if s),
-                    sum(int(s.get("refutations", 0)) for s in stats if s))
+            return (
+                sum(int(s.get("probe_failures", 0)) for s in stats if s),
+                sum(int(s.get("refutations", 0)) for s in stats if s),
+            )
         return super().protocol_counts()
 
 
@@ -343,8 +379,20 @@ class SerfScenario(Scenario):
 
     def argv(self, member: Member, seed: Member | None) -> list[str]:
         host, port = member.address
-        argv = ["serf", "agent", "-node", member.name, "-bind", f"{host}:{port}",
-                "-rpc-addr", f"127.0.0.1:{self.rpc_ports[member.name]}", "-encrypt", self.key, "-log-level", "info"]
+        argv = [
+            "serf",
+            "agent",
+            "-node",
+            member.name,
+            "-bind",
+            f"{host}:{port}",
+            "-rpc-addr",
+            f"127.0.0.1:{self.rpc_ports[member.name]}",
+            "-encrypt",
+            self.key,
+            "-log-level",
+            "info",
+        ]
         if seed is not None:
             argv += ["-retry-join", f"{seed.address[0]}:{seed.address[1]}", "-retry-interval", "1s"]
         return argv
@@ -387,19 +435,33 @@ def format_table(result: dict[str, Any]) -> str:
     edgerun = result.get("edgerun") or {}
     serf = result.get("serf") or {}
     ratio = result.get("ratios") or {}
-    lines = [f"swarm-bench: {result['nodes']} nodes, {result['loss'] * 100:.0f} % loss, mode {result['mode']}"
-             f" ({result.get('impairment') or 'no impairment'}), steady phase {result['seconds']:.0f} s",
-             f"{'metric':<22}{'edgerun':>12}{'serf':>12}{'edgerun/serf':>14}"]
+    lines = [
+        f"swarm-bench: {result['nodes']} nodes, {result['loss'] * 100:.0f} % loss, mode {result['mode']}"
+        f" ({result.get('impairment') or 'no impairment'}), steady phase {result['seconds']:.0f} s",
+        f"{'metric':<22}{'edgerun':>12}{'serf':>12}{'edgerun/serf':>14}",
+    ]
     for key in METRICS:
+
         def cell(value: Any) -> str:
             return "-" if value is None else f"{value:g}"
+
         lines.append(f"{key:<22}{cell(edgerun.get(key)):>12}{cell(serf.get(key)):>12}{cell(ratio.get(key)):>14}")
     lines += [f"note: {note}" for note in result.get("notes", [])]
     return "\n".join(lines)
 
 
-async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any], with_edgerun: bool, with_serf: bool,
-                 force_loopback: bool, join_timeout_s: float, detect_timeout_s: float, starve: float) -> dict[str, Any]:
+async def _bench(
+    nodes: int,
+    loss: float,
+    seconds: float,
+    timing: dict[str, Any],
+    with_edgerun: bool,
+    with_serf: bool,
+    force_loopback: bool,
+    join_timeout_s: float,
+    detect_timeout_s: float,
+    starve: float,
+) -> dict[str, Any]:
     notes: list[str] = []
     reason = "loopback requested" if force_loopback else netlab.unavailable_reason()
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp, contextlib.ExitStack() as stack:
@@ -416,10 +478,19 @@ async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any]
             lab_nodes = [None] * nodes
             mode = "loopback"
             impairment = "transport receive loss" if loss > 0 else None
-            notes.append(f"namespaces unavailable ({reason}): members ran on loopback with the transport's own "
-                         "loss injection; serf ran on loopback WITHOUT loss; bytes are the agents' own counts")
-        result: dict[str, Any] = {"mode": mode, "impairment": impairment, "nodes": nodes, "loss": loss,
-                                  "seconds": seconds, "starve": starve, "timing": timing}
+            notes.append(
+                f"namespaces unavailable ({reason}): members ran on loopback with the transport's own "
+                "loss injection; serf ran on loopback WITHOUT loss; bytes are the agents' own counts"
+            )
+        result: dict[str, Any] = {
+            "mode": mode,
+            "impairment": impairment,
+            "nodes": nodes,
+            "loss": loss,
+            "seconds": seconds,
+            "starve": starve,
+            "timing": timing,
+        }
         if with_edgerun:
             ours = EdgerunScenario(lab, lab_nodes, loss, Path(tmp), timing=timing, starve=starve)
             edgerun_result = await ours.run(seconds, join_timeout_s, detect_timeout_s)
@@ -429,31 +500,57 @@ async def _bench(nodes: int, loss: float, seconds: float, timing: dict[str, Any]
             notes.append("serf is not installed: no side-by-side anchor")
         elif with_serf:
             serf_result = await SerfScenario(lab, lab_nodes, loss, Path(tmp), starve=starve).run(
-                seconds, join_timeout_s, detect_timeout_s)
+                seconds, join_timeout_s, detect_timeout_s
+            )
             result["serf"] = serf_result.metrics
             if with_edgerun:
                 result["ratios"] = ratios(result["edgerun"], serf_result.metrics)
             notes += serf_result.notes
-        notes.append("bytes_per_node_s: bytes each node's veth sent (kernel count, with IP/UDP/Ethernet headers), "
-                     "mean over nodes in the steady phase" if mode == "netns" else
-                     "bytes_per_node_s: the agents' own sealed-packet byte counts")
-        notes.append("suspicions: failed probes that raised or confirmed a suspicion, summed over members (serf: "
-                     "memberlist's 'Suspect X has failed' log lines; edgerun: probe_failures); refutations: "
-                     "members refuting a suspect/dead claim about themselves; both include the kill phase")
+        notes.append(
+            "bytes_per_node_s: bytes each node's veth sent (kernel count, with IP/UDP/Ethernet headers), "
+            "mean over nodes in the steady phase"
+            if mode == "netns"
+            else "bytes_per_node_s: the agents' own sealed-packet byte counts"
+        )
+        notes.append(
+            "suspicions: failed probes that raised or confirmed a suspicion, summed over members (serf: "
+            "memberlist's 'Suspect X has failed' log lines; edgerun: probe_failures); refutations: "
+            "members refuting a suspect/dead claim about themselves; both include the kill phase"
+        )
         result["notes"] = notes
         return result
 
 
-def run_swarm_bench(nodes: int = 20, loss: float = 0.1, seconds: float = 60.0, *, timing: dict[str, Any] | None = None,
-                    with_edgerun: bool = True, with_serf: bool = True, force_loopback: bool = False,
-                    join_timeout_s: float = 60.0, detect_timeout_s: float = 60.0,
-                    starve: float = 0.0) -> dict[str, Any]:
+def run_swarm_bench(
+    nodes: int = 20,
+    loss: float = 0.1,
+    seconds: float = 60.0,
+    *,
+    timing: dict[str, Any] | None = None,
+    with_edgerun: bool = True,
+    with_serf: bool = True,
+    force_loopback: bool = False,
+    join_timeout_s: float = 60.0,
+    detect_timeout_s: float = 60.0,
+    starve: float = 0.0,
+) -> dict[str, Any]:
     if nodes < 3:
         raise ValueError("swarm-bench needs at least 3 nodes (a seed, a victim and an observer)")
     if not 0 <= loss < 1:
         raise ValueError(f"loss must be within [0, 1), got {loss}")
     if not 0 <= starve < 1:
         raise ValueError(f"starve must be within [0, 1), got {starve}")
-    return asyncio.run(_bench(nodes, loss, seconds, timing or {}, with_edgerun, with_serf, force_loopback,
-                              join_timeout_s, detect_timeout_s, starve))
-
+    return asyncio.run(
+        _bench(
+            nodes,
+            loss,
+            seconds,
+            timing or {},
+            with_edgerun,
+            with_serf,
+            force_loopback,
+            join_timeout_s,
+            detect_timeout_s,
+            starve,
+        )
+    )

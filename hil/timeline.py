@@ -25,8 +25,15 @@ from hil.scenario import NODE_FAULTS, FaultSpec
 log = logging.getLogger(__name__)
 
 # How long after its injection a fault's effect may take to show before the fault counts as not happened.
-CHECK_TIMEOUT_S = {"accelerator_exception": 15.0, "accelerator_hang": 15.0, "broker_restart": 10.0,
-                   "kill": 10.0, "ota_release": 60.0, "ota_power_cut": 150.0, "clock_skew": 15.0}
+CHECK_TIMEOUT_S = {
+    "accelerator_exception": 15.0,
+    "accelerator_hang": 15.0,
+    "broker_restart": 10.0,
+    "kill": 10.0,
+    "ota_release": 60.0,
+    "ota_power_cut": 150.0,
+    "clock_skew": 15.0,
+}
 SILENCE_S = 3.0  # a camera is gone when its node published nothing for this long
 
 # (final) -> None while undecided, else (happened, detail)
@@ -48,9 +55,17 @@ class FaultRecord:
     measure: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, **msgspec.to_builtins(self.spec), "injectable": self.injectable,
-                "why_not": self.why_not, "t_start": self.t_start, "t_end": self.t_end, "happened": self.happened,
-                "detail": self.detail, **self.measure}
+        return {
+            "index": self.index,
+            **msgspec.to_builtins(self.spec),
+            "injectable": self.injectable,
+            "why_not": self.why_not,
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+            "happened": self.happened,
+            "detail": self.detail,
+            **self.measure,
+        }
 
 
 class Timeline:
@@ -132,8 +147,11 @@ class Timeline:
             last = journal[-1]["step"] if journal else "none"
             cut.measure["journal_last_step"] = last
             cut.happened = last == cut.spec.step
-            cut.detail = (f"{node.id} SIGKILLed itself after journalling {last!r}" if cut.happened
-                          else f"{node.id} died but its journal ends at {last!r}, not {cut.spec.step!r}")
+            cut.detail = (
+                f"{node.id} SIGKILLed itself after journalling {last!r}"
+                if cut.happened
+                else f"{node.id} died but its journal ends at {last!r}, not {cut.spec.step!r}"
+            )
             cut.check = None
             cut.t_end = exit_["t"]
             del self._power_cut[node.id]
@@ -205,8 +223,11 @@ class Timeline:
                 for name, view in live.nodes.items():
                     if name not in side or view.members_t < t0:
                         continue
-                    gone = [m for m, state in view.members.items()
-                            if m in side and side[m] != side[name] and state != "alive"]
+                    gone = [
+                        m
+                        for m, state in view.members.items()
+                        if m in side and side[m] != side[name] and state != "alive"
+                    ]
                     if gone:
                         return True, f"{name} saw {gone[0]} {view.members[gone[0]]}"
                 return (False, "every node still saw the other side alive") if final else None

@@ -57,8 +57,12 @@ class SwarmAgent:
         self._seeds = list(seeds)
         self._rng = rng or random.Random()
         self.transport = SwarmTransport(
-            name, keyring, max_packet_bytes=timing.max_packet_bytes, tcp_timeout_s=timing.tcp_timeout_s,
-            loss=loss, rng=self._rng,
+            name,
+            keyring,
+            max_packet_bytes=timing.max_packet_bytes,
+            tcp_timeout_s=timing.tcp_timeout_s,
+            loss=loss,
+            rng=self._rng,
         )
         self.membership: Membership | None = None
         self.address: Address | None = None
@@ -82,7 +86,12 @@ class SwarmAgent:
         if self._advertise is not None and self._advertise[1] == 0:
             self.address = (self._advertise[0], bound[1])
         self.membership = Membership(
-            self.name, self.address, self.timing, now=self._loop.time(), meta=self._meta, rng=self._rng,
+            self.name,
+            self.address,
+            self.timing,
+            now=self._loop.time(),
+            meta=self._meta,
+            rng=self._rng,
             packet_budget=self.timing.max_packet_bytes - OVERHEAD,
         )
         if self._seeds:
@@ -234,8 +243,12 @@ def event_record(event: MemberEvent | UserBroadcast) -> dict[str, Any]:
         return {"ev": "broadcast", "sender": event.sender, "bytes": len(event.payload)}
     member = event.member
     return {
-        "ev": "member", "kind": event.kind, "member": member.name, "state": member.state.name,
-        "incarnation": member.incarnation, "addr": list(member.addr),
+        "ev": "member",
+        "kind": event.kind,
+        "member": member.name,
+        "state": member.state.name,
+        "incarnation": member.incarnation,
+        "addr": list(member.addr),
     }
 
 
@@ -262,8 +275,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 async def _run(args: argparse.Namespace, timing: SwarmTiming, keyring: Keyring) -> None:
     loop = asyncio.get_running_loop()
-    agent = SwarmAgent(args.name, args.bind, timing, keyring, meta=args.meta.encode(), seeds=args.seed,
-                       advertise=args.advertise, loss=args.loss)
+    agent = SwarmAgent(
+        args.name,
+        args.bind,
+        timing,
+        keyring,
+        meta=args.meta.encode(),
+        seeds=args.seed,
+        advertise=args.advertise,
+        loss=args.loss,
+    )
     agent.on_event(lambda event: _emit(event_record(event)))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -274,10 +295,12 @@ async def _run(args: argparse.Namespace, timing: SwarmTiming, keyring: Keyring) 
     _emit({"ev": "ready", "name": args.name, "addr": list(address), "incarnation": agent.membership.incarnation})
     stats_task = None
     if args.stats_interval > 0:
+
         async def report() -> None:
             while True:
                 await asyncio.sleep(args.stats_interval)
                 _emit({"ev": "stats", **agent.stats})
+
         stats_task = loop.create_task(report())
     await stop.wait()
     if stats_task is not None:

@@ -66,7 +66,6 @@ class BroadcastQueue:
         return taken
 
 
-
 def retransmit_limit(retransmit_mult: int, n: int) -> int:
     """How many times one update is sent: ``mult * ceil(log10(n + 1))`` (memberlist util.go)."""
     return retransmit_mult * math.ceil(math.log10(n + 1.0))

@@ -656,8 +656,9 @@ class Membership:
         parts = [encode_message(Ping(seq=seq, target=member.name, source=self.local_name))]
         if member.state is not MemberState.ALIVE:
             # Tell a suspect what we think so it can refute at once (Lifeguard's buddy system).
-            parts.append(encode_message(Suspect(name=member.name, incarnation=member.incarnation,
-                                                source=self.local_name)))
+            parts.append(
+                encode_message(Suspect(name=member.name, incarnation=member.incarnation, source=self.local_name))
+            )
         self._send(member.addr, parts)
 
     def _probe_stages(self, now: float) -> None:
@@ -689,8 +690,11 @@ class Membership:
         target = self._nodes.get(probe.target)
         if target is None:
             return
-        peers = [m for m in self._nodes.values()
-                 if m.state is MemberState.ALIVE and m.name not in (self.local_name, probe.target)]
+        peers = [
+            m
+            for m in self._nodes.values()
+            if m.state is MemberState.ALIVE and m.name not in (self.local_name, probe.target)
+        ]
         chosen = self._rng.sample(peers, min(self.timing.indirect_checks, len(peers)))
         request = encode_message(IndirectPing(seq=probe.seq, target=target.name, target_addr=target.addr, nack=True))
         for peer in chosen:
@@ -698,8 +702,11 @@ class Membership:
             self._send(peer.addr, [request])
         probe.expected_nacks = len(chosen)
         self.stats["tcp_fallback_probes"] += 1
-        token = self._open_stream(_Stream("ping", seq=probe.seq), target.addr,
-                                  encode_stream(Ping(seq=probe.seq, target=target.name, source=self.local_name)))
+        token = self._open_stream(
+            _Stream("ping", seq=probe.seq),
+            target.addr,
+            encode_stream(Ping(seq=probe.seq, target=target.name, source=self.local_name)),
+        )
         probe.tcp_token = token
 
     def _relay_timeouts(self, now: float) -> None:
@@ -728,9 +735,15 @@ class Membership:
         if not self._updates and not self._user_queue:
             return
         # memberlist's filter: the live, and the dead for a while (so they can hear it and refute); never the left
-        targets = [m for m in self._nodes.values() if m.name != self.local_name and (
-            m.state in (MemberState.ALIVE, MemberState.SUSPECT)
-            or (m.state is MemberState.DEAD and now - m.state_since <= self.timing.gossip_to_the_dead_s))]
+        targets = [
+            m
+            for m in self._nodes.values()
+            if m.name != self.local_name
+            and (
+                m.state in (MemberState.ALIVE, MemberState.SUSPECT)
+                or (m.state is MemberState.DEAD and now - m.state_since <= self.timing.gossip_to_the_dead_s)
+            )
+        ]
         for member in self._rng.sample(targets, min(self.timing.gossip_nodes, len(targets))):
             parts = self._piggyback(0, 0)
             if not parts:
@@ -768,8 +781,10 @@ class Membership:
             self._open_stream(_Stream("join", attempt=self._join_attempt), seed, request)
 
     def _local_state(self, *, join: bool) -> PushPull:
-        members = [PushMember(name=m.name, addr=m.addr, incarnation=m.incarnation, state=m.state.value, meta=m.meta)
-                   for m in list(self._nodes.values())[:MAX_PUSH_MEMBERS]]
+        members = [
+            PushMember(name=m.name, addr=m.addr, incarnation=m.incarnation, state=m.state.value, meta=m.meta)
+            for m in list(self._nodes.values())[:MAX_PUSH_MEMBERS]
+        ]
         self._expire_user_store(self._now)
         # Only our own: each member hands its own to every push-pull peer, who re-gossips them, so a healed
         # partition learns everything without every stream carrying the whole fleet's store.
@@ -834,8 +849,9 @@ class Membership:
 
     def _queue_alive_self(self) -> None:
         me = self._nodes[self.local_name]
-        self._updates.queue(self.local_name, encode_message(
-            Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta)))
+        self._updates.queue(
+            self.local_name, encode_message(Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta))
+        )
 
     def _next_seq(self) -> int:
         self._seq += 1

@@ -198,8 +198,7 @@ class MemNet:
             return
         self.delivered += 1
         target.datagrams_in += 1
-        self.input(target, self.now + self._delay(),
-                   lambda now: target.membership.receive_datagram(data, src, now))
+        self.input(target, self.now + self._delay(), lambda now: target.membership.receive_datagram(data, src, now))
 
     def _open_stream(self, host: Host, token: int, dst: Addr, request: bytes) -> None:
         src = host.membership.addr

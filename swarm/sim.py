@@ -81,8 +81,13 @@ class SwarmSim:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
-        self.net = MemNet(seed=cfg.seed, loss=cfg.loss, latency_s=cfg.latency_s, jitter_s=cfg.jitter_s,
-                          tcp_timeout_s=cfg.timing.tcp_timeout_s)
+        self.net = MemNet(
+            seed=cfg.seed,
+            loss=cfg.loss,
+            latency_s=cfg.latency_s,
+            jitter_s=cfg.jitter_s,
+            tcp_timeout_s=cfg.timing.tcp_timeout_s,
+        )
         self.names = [f"drone{i:02d}" for i in range(cfg.nodes)]
         self.addrs = [_addr(i) for i in range(cfg.nodes)]
         self.hosts: list[Host] = []
@@ -91,8 +96,9 @@ class SwarmSim:
         # (observer, member) -> whether they could reach each other; kept as intervals by the fault schedule
         self.partitioned: list[tuple[float, float]] = []
         self.drones: list[_Drone] = []
-        self.targets = [(self.rng.uniform(0, cfg.field_m), self.rng.uniform(0, cfg.field_m))
-                        for _ in range(cfg.targets)]
+        self.targets = [
+            (self.rng.uniform(0, cfg.field_m), self.rng.uniform(0, cfg.field_m)) for _ in range(cfg.targets)
+        ]
         self.first_seen: dict[int, list[tuple[float, str]]] = {}
 
     # ------------------------------------------------------------------ set-up
@@ -145,9 +151,15 @@ class SwarmSim:
             for t, (te, tn) in enumerate(self.targets):
                 if math.hypot(te - drone.east, tn - drone.north) > cfg.footprint_m or rng.random() > cfg.detect_prob:
                     continue
-                fixes.append(Observation("person", te + rng.gauss(0, cfg.fix_sigma_m),
-                                         tn + rng.gauss(0, cfg.fix_sigma_m), 1.5 * cfg.fix_sigma_m,
-                                         round(rng.uniform(0.5, 0.95), 3)))
+                fixes.append(
+                    Observation(
+                        "person",
+                        te + rng.gauss(0, cfg.fix_sigma_m),
+                        tn + rng.gauss(0, cfg.fix_sigma_m),
+                        1.5 * cfg.fix_sigma_m,
+                        round(rng.uniform(0.5, 0.95), 3),
+                    )
+                )
                 self.first_seen.setdefault(t, []).append((now, host.membership.local_name))
             if fixes:
                 drone.dedup.observe(fixes, now, now)
@@ -233,8 +245,14 @@ class SwarmSim:
                 else:
                     false_deaths += 1
             if self.killed and name != self.killed and host.alive:
-                times = [t for t, e in host.events if isinstance(e, MemberEvent) and e.kind == "dead"
-                         and e.member.name == self.killed and t >= (self.killed_at or 0.0)]
+                times = [
+                    t
+                    for t, e in host.events
+                    if isinstance(e, MemberEvent)
+                    and e.kind == "dead"
+                    and e.member.name == self.killed
+                    and t >= (self.killed_at or 0.0)
+                ]
                 detections.append(min(times) - self.killed_at if times else math.inf)
 
         sent = sum(h.membership.stats["sent_bytes"] + h.membership.stats["stream_sent_bytes"] for h in self.hosts)
@@ -290,8 +308,10 @@ class SwarmSim:
         reports: dict[int, list[float]] = {}
         for drone in self.drones:
             for t, obj in drone.reports:
-                nearest = min(range(len(self.targets)), key=lambda i: math.hypot(
-                    self.targets[i][0] - obj.east_m, self.targets[i][1] - obj.north_m))
+                nearest = min(
+                    range(len(self.targets)),
+                    key=lambda i: math.hypot(self.targets[i][0] - obj.east_m, self.targets[i][1] - obj.north_m),
+                )
                 te, tn = self.targets[nearest]
                 if math.hypot(te - obj.east_m, tn - obj.north_m) <= cfg.dedup.radius_m:
                     reports.setdefault(nearest, []).append(t)
@@ -343,8 +363,12 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--latency-ms", type=float, default=2.0)
     parser.add_argument("--jitter-ms", type=float, default=4.0)
-    parser.add_argument("--kill-at", type=float, default=None,
-                        help="kill one member at this simulated second (default: a third in; 0: no kill)")
+    parser.add_argument(
+        "--kill-at",
+        type=float,
+        default=None,
+        help="kill one member at this simulated second (default: a third in; 0: no kill)",
+    )
     parser.add_argument("--partition-at", type=float, default=None, help="cut the swarm in two halves then")
     parser.add_argument("--heal-at", type=float, default=None, help="heal the partition then")
     parser.add_argument("--starve", type=int, default=0, help="members whose CPU stalls (timers fire late)")
@@ -366,10 +390,21 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
     if args.suspicion_mult is not None:
         timing = replace(timing, suspicion_mult=args.suspicion_mult)
     kill_at = args.seconds / 3 if args.kill_at is None else (args.kill_at or None)
-    cfg = SimConfig(nodes=args.nodes, loss=args.loss, seconds=args.seconds, seed=args.seed,
-                    latency_s=args.latency_ms / 1000, jitter_s=args.jitter_ms / 1000, kill_at=kill_at,
-                    partition_at=args.partition_at, heal_at=args.heal_at, starve=args.starve,
-                    drones=not args.no_drones, timing=timing, dedup=DedupConfig(hold_s=args.hold_s))
+    cfg = SimConfig(
+        nodes=args.nodes,
+        loss=args.loss,
+        seconds=args.seconds,
+        seed=args.seed,
+        latency_s=args.latency_ms / 1000,
+        jitter_s=args.jitter_ms / 1000,
+        kill_at=kill_at,
+        partition_at=args.partition_at,
+        heal_at=args.heal_at,
+        starve=args.starve,
+        drones=not args.no_drones,
+        timing=timing,
+        dedup=DedupConfig(hold_s=args.hold_s),
+    )
     return cfg, args.json
 
 

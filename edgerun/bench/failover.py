@@ -397,9 +397,7 @@ def run_failover_bench(model: str | None, seconds: float, repeats: int, rounds: 
         result["rounds"] = rounds
         result.update(bench_faults(bundle, source, threads, repeats, hang_deadline_s=0.0))
         result["serial_engine_ms"] = SERIAL_DELAY_S * 1000.0
-        result["serial_overload"] = {
-            str(n): bench_serial_overload(bundle, source, n, phase) for n in SERIAL_WORKERS
-        }
+        result["serial_overload"] = {str(n): bench_serial_overload(bundle, source, n, phase) for n in SERIAL_WORKERS}
         source.close()
     result["targets"] = {
         "exception_failover_p99_le_100ms": result["exception_failover"]["p99_ms"] <= 100.0,

@@ -73,9 +73,19 @@ def _patch_in_child(tmp: Path, old: bytes, patch: bytes, algorithm: str, new: by
     (tmp / "old.bin").write_bytes(old)
     (tmp / "patch.bin").write_bytes(patch)
     proc = subprocess.run(
-        [sys.executable, "-c", PATCH_CHILD, str(tmp / "old.bin"), str(tmp / "patch.bin"), str(len(new)), algorithm,
-         sha256_bytes(new)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            PATCH_CHILD,
+            str(tmp / "old.bin"),
+            str(tmp / "patch.bin"),
+            str(len(new)),
+            algorithm,
+            sha256_bytes(new),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"patch child failed: {proc.stderr.strip()[-500:]}")
@@ -159,8 +169,12 @@ def bench_swap_gap(tmp: Path, fps: float, health_window_s: float = 2.0) -> dict[
             "sinks": {"jsonl": {"path": str(tmp / "swap.jsonl")}},
             "service": {"http_enabled": False},
             "ota": {
-                "enabled": True, "state_dir": str(tmp / "swap-state"), "root_keys": [str(tmp / "root.pub")],
-                "watch_dir": str(rel_dir), "poll_interval_s": 0.1, "health_window_s": health_window_s,
+                "enabled": True,
+                "state_dir": str(tmp / "swap-state"),
+                "root_keys": [str(tmp / "root.pub")],
+                "watch_dir": str(rel_dir),
+                "poll_interval_s": 0.1,
+                "health_window_s": health_window_s,
                 "latency_factor": 20.0,
             },
         }

@@ -349,6 +349,7 @@ def run_pipeline(
         settings=PipelineSettings(queue_depth=1, policy=policy, pace_fps=pace_fps, stage_threads=stage_threads),
         stats=stats,
     )
+
     async def main() -> None:
         pipeline.start()
         end = t_start + seconds
@@ -595,7 +596,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
     result = run_bench(args.model, args.seconds, args.soak_seconds)
     emit_result(result, args.json_out)
     return 0
-
 
 
 def _node_fps(config: dict[str, Any], seconds: float) -> dict[str, Any]:

@@ -61,7 +61,12 @@ def synthetic_batch(seq: int, n: int = 3, keypoints: int = 6) -> DetectionBatch:
         keypoints=rng.uniform(0, 480, (n, keypoints, 2)).astype(np.float32) if keypoints else None,
     )
     meta = FrameMeta(
-        seq=seq, source="replay", width=640, height=480, wall_time=time.time(), t_capture=time.monotonic(),
+        seq=seq,
+        source="replay",
+        width=640,
+        height=480,
+        wall_time=time.time(),
+        t_capture=time.monotonic(),
         pose=Pose(3.1, -2.0, 6.0, 0.0, 3.0, 0.5),
     )
     return DetectionBatch(_BENCH_NODE, meta, det, ("face",), "blazeface_short", 1, "tflite")
@@ -148,8 +153,10 @@ def _stalled_dds_reader(domain_id: int) -> None:
         Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll, Policy.ResourceLimits(max_samples=16)
     )
     ros_qos = Qos(
-        Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
-        Policy.ResourceLimits(max_samples=16), Policy.DataRepresentation(use_cdrv0_representation=True),
+        Policy.Reliability.Reliable(duration(seconds=1)),
+        Policy.History.KeepAll,
+        Policy.ResourceLimits(max_samples=16),
+        Policy.DataRepresentation(use_cdrv0_representation=True),
     )
     ros_topic = Topic(participant, ros2.topic_name(ros2_namespace("", _BENCH_NODE)), ros2.Detection2DArray, qos=ros_qos)
     readers = [
@@ -205,8 +212,13 @@ class _Receipts:
 @contextlib.asynccontextmanager
 async def _subscriber(*args: str) -> AsyncIterator[_Receipts]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "edgerun.bench.sinks", "subscribe", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "edgerun.bench.sinks",
+        "subscribe",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     receipts = _Receipts()
 
@@ -303,7 +315,12 @@ async def _bench_mqtt(port: int, qos: int, seconds: float) -> dict[str, Any]:
 
     topic = f"edgerun/{_BENCH_NODE}/detections"
     cfg = MqttSinkConfig(
-        enabled=True, host="127.0.0.1", port=port, qos_detections=qos, outbox=2000, metrics_interval_s=0.0,
+        enabled=True,
+        host="127.0.0.1",
+        port=port,
+        qos_detections=qos,
+        outbox=2000,
+        metrics_interval_s=0.0,
         message_expiry_s=0,
     )
     async with _subscriber("mqtt", "--port", str(port), "--topic", topic, "--qos", str(qos)) as receipts:
@@ -358,12 +375,23 @@ async def bench_dds_stall(
     sink_cls = _dds_sink_class(sink_module)
     domain = random.SystemRandom().randint(1, 230)
     cfg = DdsSinkConfig(
-        enabled=True, domain_id=domain, reliable=True, ros2=True, ros2_namespace=_BENCH_NODE,
+        enabled=True,
+        domain_id=domain,
+        reliable=True,
+        ros2=True,
+        ros2_namespace=_BENCH_NODE,
         max_blocking_ms=max_blocking_ms,
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "edgerun.bench.sinks", "subscribe", "dds-stalled", "--domain", str(domain),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "edgerun.bench.sinks",
+        "subscribe",
+        "dds-stalled",
+        "--domain",
+        str(domain),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     lags: list[float] = []
     sink = sink_cls(cfg, _BENCH_NODE)

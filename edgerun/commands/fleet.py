@@ -23,8 +23,9 @@ from edgerun.commands.options import (
 from edgerun.errors import ConfigError, EdgerunError
 
 
-def fleet_view(host: str, port: int, seconds: float, roots: list[Any] | None = None,
-               threshold: int = 1, cfg: Any = None) -> tuple[Any, dict[str, Any]]:
+def fleet_view(
+    host: str, port: int, seconds: float, roots: list[Any] | None = None, threshold: int = 1, cfg: Any = None
+) -> tuple[Any, dict[str, Any]]:
     """Listen to the fleet's topics for ``seconds`` and build the same model the station keeps.
 
     Releases are verified against ``roots`` as a node would, and shown unverified without them.
@@ -57,22 +58,27 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
     host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
-    model, rollouts = fleet_view(host, port, args.seconds, load_root_keys(args), args.root_threshold,
-                                 mqtt_client_config(args, host, port))
+    model, rollouts = fleet_view(
+        host, port, args.seconds, load_root_keys(args), args.root_threshold, mqtt_client_config(args, host, port)
+    )
     now = time.time()
     nodes = [n.to_json(now, model.stale_s) for n in sorted(model.nodes.values(), key=lambda n: n.id)]
     if args.json:
         print(json.dumps({"nodes": nodes, "objects": len(model.objects), "rollouts": rollouts}, default=str))
         return 0
-    header = f"{'node':<20} {'state':<9} {'model':<24} {'engine':<12} {'fps':>6} {'p99 ms':>7} {'drops':>6} " \
-             f"{'swarm':>5}  reason"
+    header = (
+        f"{'node':<20} {'state':<9} {'model':<24} {'engine':<12} {'fps':>6} {'p99 ms':>7} {'drops':>6} "
+        f"{'swarm':>5}  reason"
+    )
     print(header)
     for n in nodes:
         engine = (n["engine"] or "-") + (" (fallback)" if n["fallback"] else "")
         model_text = f"{n['model']} v{n['model_version']}" if n["model"] else "-"
         reason = "; ".join(f"{k}: {v}" for k, v in n["reasons"].items())
-        print(f"{n['id']:<20} {n['state']:<9} {model_text:<24} {engine:<12} {_fmt(n['fps'], '.1f'):>6} "
-              f"{_fmt(n['p99_ms'], '.1f'):>7} {_fmt(n['dropped']):>6} {_fmt(n['swarm_seen']):>5}  {reason}")
+        print(
+            f"{n['id']:<20} {n['state']:<9} {model_text:<24} {engine:<12} {_fmt(n['fps'], '.1f'):>6} "
+            f"{_fmt(n['p99_ms'], '.1f'):>7} {_fmt(n['dropped']):>6} {_fmt(n['swarm_seen']):>5}  {reason}"
+        )
     if not nodes:
         print(f"(no node heard on mqtt://{host}:{port} within {args.seconds:g} s)")
     for r in rollouts.values():
@@ -82,8 +88,10 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if r["trust"] in ("forged", "replayed"):
             print(f"release {r['model']} v{r['version']}: {r['trust'].upper()}, not a release: {r['trust_reason']}")
             continue
-        line = f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, " \
-               f"{r['nodes_on_version']} of {r['nodes']} nodes on it"
+        line = (
+            f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, "
+            f"{r['nodes_on_version']} of {r['nodes']} nodes on it"
+        )
         if r.get("reason"):
             line += f"; {r['reason']}"
         if r["trust"] != "verified":
@@ -106,8 +114,9 @@ def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, An
     from edgerun.fleet.trusted_release import ReleaseVerifier
     from edgerun.ota.transport_mqtt import TOPIC_PREFIX, release_topic
 
-    retained = read_topics(host, port, [f"{TOPIC_PREFIX}/+", f"{ROLLOUT_PREFIX}/+"],
-                           cfg=mqtt_client_config(args, host, port))
+    retained = read_topics(
+        host, port, [f"{TOPIC_PREFIX}/+", f"{ROLLOUT_PREFIX}/+"], cfg=mqtt_client_config(args, host, port)
+    )
     models = sorted(t.rsplit("/", 1)[1] for t in retained if t.startswith(TOPIC_PREFIX + "/"))
     model = args.model
     if model is None:
@@ -117,12 +126,15 @@ def _pick_model(args: argparse.Namespace, host: str, port: int) -> tuple[str, An
         model = models[0]
     payload = retained.get(release_topic(model))
     if payload is None:
-        raise EdgerunError(f"no release of {model!r} is retained on the broker "
-                           "(publish one with `edgerun fleet publish`)")
+        raise EdgerunError(
+            f"no release of {model!r} is retained on the broker (publish one with `edgerun fleet publish`)"
+        )
     roots = load_root_keys(args)
     if not roots:
-        raise ConfigError("--root-key is required: the release on the broker is verified against the fleet's root "
-                          "keys before anything about it is signed")
+        raise ConfigError(
+            "--root-key is required: the release on the broker is verified against the fleet's root "
+            "keys before anything about it is signed"
+        )
     verifier = ReleaseVerifier(roots, args.root_threshold)
     checked = verifier.check(model, payload, retained.get(rollout_topic(model)))
     checked.require_verified()
@@ -167,7 +179,8 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
         now = time.time()
         # A node that is gone runs nothing (its retained swarm view still names its model).
         running = Counter(
-            n.model_version for n in fleet.nodes.values()
+            n.model_version
+            for n in fleet.nodes.values()
             if n.model == bundle.name and n.state(now, fleet.stale_s) not in ("dead", "stopped")
         )
         if running:
@@ -186,12 +199,22 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     m = release.manifest
     publish_release(out, m.name, host, port, cfg=control.cfg)
     phase = "complete" if args.percent >= 100 else "canary"
-    state = RolloutState(model=m.name, version=m.version, percent=args.percent, salt=salt, phase=phase,
-                         by="operator", ts=time.time(), base_version=base.version if base else None)
+    state = RolloutState(
+        model=m.name,
+        version=m.version,
+        percent=args.percent,
+        salt=salt,
+        phase=phase,
+        by="operator",
+        ts=time.time(),
+        base_version=base.version if base else None,
+    )
     control.announce(state)
     delta = f", delta from v{m.delta.base_version} {m.delta.size} bytes" if m.delta else ""
-    print(f"published {m.name} v{m.version} to {args.percent:g}% of the fleet (salt {salt!r}; full "
-          f"{m.target.size} bytes{delta}) on mqtt://{host}:{port}")
+    print(
+        f"published {m.name} v{m.version} to {args.percent:g}% of the fleet (salt {salt!r}; full "
+        f"{m.target.size} bytes{delta}) on mqtt://{host}:{port}"
+    )
     if release.note:
         print(f"  {release.note}")
     return 0
@@ -256,8 +279,9 @@ def cmd_fleet_rollback(args: argparse.Namespace) -> int:
     if old.name != model:
         raise ConfigError(f"--to is {old.name!r}, the release on the broker is {model!r}")
     if current.rollout.percent > 0:
-        control.step(checked, 0.0, "halted", f"rolling back to v{old.version}'s model", "operator",
-                     _base_version(checked))
+        control.step(
+            checked, 0.0, "halted", f"rolling back to v{old.version}'s model", "operator", _base_version(checked)
+        )
         print(f"{model} v{current.version}: halted")
     version = current.version + 1
     work = Path(tempfile.mkdtemp(prefix="edgerun-rollback-"))
@@ -271,13 +295,25 @@ def cmd_fleet_rollback(args: argparse.Namespace) -> int:
         release = build_release(bundle, out, spec, base_path=args.base, key=control.key)
         publish_release(out, model, host, port, cfg=control.cfg)
         phase = "complete" if args.percent >= 100 else "canary"
-        control.announce(RolloutState(model=model, version=version, percent=args.percent, salt=salt, phase=phase,
-                                      reason=f"rollback: v{old.version}'s model as v{version}", by="operator",
-                                      ts=time.time(), base_version=current.version))
+        control.announce(
+            RolloutState(
+                model=model,
+                version=version,
+                percent=args.percent,
+                salt=salt,
+                phase=phase,
+                reason=f"rollback: v{old.version}'s model as v{version}",
+                by="operator",
+                ts=time.time(),
+                base_version=current.version,
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"published {model} v{version} (the model of v{old.version}) to {args.percent:g}% of the fleet "
-          f"({release.manifest.target.size} bytes) on mqtt://{host}:{port}")
+    print(
+        f"published {model} v{version} (the model of v{old.version}) to {args.percent:g}% of the fleet "
+        f"({release.manifest.target.size} bytes) on mqtt://{host}:{port}"
+    )
     return 0
 
 

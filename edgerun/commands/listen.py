@@ -31,7 +31,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=0.0, help="exit after this many seconds")
     p.add_argument("--node", default="", help="only this node's detections")
     p.add_argument(
-        "--topic", action="append", default=None,
+        "--topic",
+        action="append",
+        default=None,
         help=f"MQTT topic filter, repeatable (default {DEFAULT_MQTT_TOPIC}); with --dds a native topic name",
     )
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="skip larger MQTT payloads")
@@ -54,7 +56,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def add_listen_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``listen`` to the ``edgerun`` command line (``args.func`` is ``run_listen``)."""
     p = subparsers.add_parser(
-        "listen", help="print the detections nodes publish (MQTT or DDS), one per line",
+        "listen",
+        help="print the detections nodes publish (MQTT or DDS), one per line",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     _add_arguments(p)

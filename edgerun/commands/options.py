@@ -97,11 +97,21 @@ def load_signing_key(path: str | None, args: argparse.Namespace) -> Any:
 
 
 def add_root_key_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root-key", action="append", default=[], metavar="FILE",
-                   help="a root public key of the fleet, as the nodes have it (repeat): releases on the broker "
-                        "are verified against it before they are shown or signed; required with --signing-key")
-    p.add_argument("--root-threshold", type=int, default=1, metavar="N",
-                   help="root signatures keys.json needs (as ota.root_threshold)")
+    p.add_argument(
+        "--root-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a root public key of the fleet, as the nodes have it (repeat): releases on the broker "
+        "are verified against it before they are shown or signed; required with --signing-key",
+    )
+    p.add_argument(
+        "--root-threshold",
+        type=int,
+        default=1,
+        metavar="N",
+        help="root signatures keys.json needs (as ota.root_threshold)",
+    )
 
 
 def load_root_keys(args: argparse.Namespace) -> list[Any]:
@@ -127,8 +137,12 @@ def load_root_keys(args: argparse.Namespace) -> list[Any]:
 
 def add_broker_login_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("broker login (a fleet broker with access control: deploy/mosquitto/)")
-    g.add_argument("--mqtt-user", default=None, metavar="NAME",
-                   help="MQTT user name (the operator's for publish/promote/halt, the station's to watch)")
+    g.add_argument(
+        "--mqtt-user",
+        default=None,
+        metavar="NAME",
+        help="MQTT user name (the operator's for publish/promote/halt, the station's to watch)",
+    )
     g.add_argument("--mqtt-password-env", default=None, metavar="VAR", help="the MQTT password is in this variable")
     g.add_argument("--mqtt-password-file", default=None, metavar="FILE", help="the MQTT password is in this file")
     g.add_argument("--mqtt-tls", action="store_true", help="TLS to the broker, checked against the system CAs")
@@ -166,7 +180,15 @@ def mqtt_client_config(args: argparse.Namespace, host: str, port: int) -> Any:
     tls = bool(getattr(args, "mqtt_tls", False))
     if not (user or tls or getattr(args, "mqtt_tls_ca", None) or getattr(args, "mqtt_cert", None)):
         return None
-    cfg = MqttSinkConfig(host=host, port=port, username=user, password=password, tls=tls,
-                         tls_ca=args.mqtt_tls_ca or "", tls_cert=args.mqtt_cert or "", tls_key=args.mqtt_key or "")
+    cfg = MqttSinkConfig(
+        host=host,
+        port=port,
+        username=user,
+        password=password,
+        tls=tls,
+        tls_ca=args.mqtt_tls_ca or "",
+        tls_cert=args.mqtt_cert or "",
+        tls_key=args.mqtt_key or "",
+    )
     build_ssl_context(cfg)  # unreadable or mismatched PEM files fail here, as one line
     return cfg

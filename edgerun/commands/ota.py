@@ -55,7 +55,8 @@ def _new_key_password(args: argparse.Namespace) -> bytes | None:
             "--password-stdin, or pass --no-password to write it unencrypted"
         )
     return ask_new_password(
-        "Password for the new secret key: ", "Password (one more time): ",
+        "Password for the new secret key: ",
+        "Password (one more time): ",
         mismatch=KeygenUsageError("ota keygen: the passwords do not match"),
         empty=KeygenUsageError("ota keygen: empty password (pass --no-password to write the key unencrypted)"),
     ).encode()
@@ -174,8 +175,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if m.target.file:
         print(f"  full payload {m.target.file}: {m.target.size} bytes")
     if m.delta is not None:
-        print(f"  delta {m.delta.file} ({m.delta.algorithm}) from v{m.delta.base_version}: {m.delta.size} bytes "
-              f"({m.delta.size / m.target.size:.1%} of full)")
+        print(
+            f"  delta {m.delta.file} ({m.delta.algorithm}) from v{m.delta.base_version}: {m.delta.size} bytes "
+            f"({m.delta.size / m.target.size:.1%} of full)"
+        )
     if release.note:
         print(f"  {release.note}")
     if key is None:

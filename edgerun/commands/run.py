@@ -31,7 +31,11 @@ def add_run_parser(sub: Any) -> None:
     run.add_argument("-c", "--config", required=True, help="node TOML config (see deploy/node.example.toml)")
     run.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     run.add_argument(
-        "--test-control", nargs="?", const="edgerun-control.sock", default=None, metavar="SOCKET",
+        "--test-control",
+        nargs="?",
+        const="edgerun-control.sock",
+        default=None,
+        metavar="SOCKET",
         help="HIL test mode: fault-injection unix socket (default ./edgerun-control.sock); never in production",
     )
     run.set_defaults(func=cmd_run)

@@ -35,8 +35,10 @@ def load_truth(spec: str | None) -> list[dict[str, Any]]:
         from edgerun.sources.replay import build_scene
 
         scene = build_scene(_seed(spec, "--truth"))
-        return [{"label": label, "box_m": [round(float(v), 2) for v in box]}
-                for box, label in zip(scene.boxes_m, scene.labels)]
+        return [
+            {"label": label, "box_m": [round(float(v), 2) for v in box]}
+            for box, label in zip(scene.boxes_m, scene.labels)
+        ]
     try:
         doc = json.loads(Path(spec).read_text())
     except OSError as err:
@@ -48,7 +50,7 @@ def load_truth(spec: str | None) -> list[dict[str, Any]]:
     for i, item in enumerate(items if isinstance(items, list) else [None]):
         box = item.get("box_m") if isinstance(item, dict) else None
         if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box)):
-            raise ConfigError(f"--truth {spec}: objects[{i}]: expected {{\"label\", \"box_m\": [w, s, e, n]}}")
+            raise ConfigError(f'--truth {spec}: objects[{i}]: expected {{"label", "box_m": [w, s, e, n]}}')
         out.append({"label": str(item.get("label", ""))[:40], "box_m": [float(v) for v in box]})
     return out
 
@@ -106,9 +108,12 @@ def cmd_station(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
     doors = dict(
-        allowed_hosts=args.allowed_host, users_file=Path(args.users) if args.users else None,
-        public_view=args.public_view, tls_cert=Path(args.tls_cert) if args.tls_cert else None,
-        tls_key=Path(args.tls_key) if args.tls_key else None, node_nets=parse_node_nets(args.node_net),
+        allowed_hosts=args.allowed_host,
+        users_file=Path(args.users) if args.users else None,
+        public_view=args.public_view,
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
+        node_nets=parse_node_nets(args.node_net),
         snapshot_token=read_snapshot_token(args.snapshot_token_file) if args.snapshot_token_file else None,
     )
     node_http = {}
@@ -121,13 +126,22 @@ def cmd_station(args: argparse.Namespace) -> int:
     try:
         ground, extent = prepare_ground(args.ground, args.ground_extent, workdir)
         options = StationOptions(
-            mqtt_host=mqtt_host, mqtt_port=mqtt_port, bind_host=bind_host, bind_port=bind_port, ground=ground,
+            mqtt_host=mqtt_host,
+            mqtt_port=mqtt_port,
+            bind_host=bind_host,
+            bind_port=bind_port,
+            ground=ground,
             mqtt_cfg=mqtt_client_config(args, mqtt_host, mqtt_port),
             ground_extent=extent,  # type: ignore[arg-type]
-            truth=load_truth(args.truth), signing_key=load_signing_key(args.signing_key, args), node_http=node_http,
-            root_keys=load_root_keys(args), root_threshold=args.root_threshold,
+            truth=load_truth(args.truth),
+            signing_key=load_signing_key(args.signing_key, args),
+            node_http=node_http,
+            root_keys=load_root_keys(args),
+            root_threshold=args.root_threshold,
             state_dir=Path(args.state_dir) if args.state_dir else None,
-            stale_s=args.stale_s, auto_halt=not args.no_auto_halt, **doors,
+            stale_s=args.stale_s,
+            auto_halt=not args.no_auto_halt,
+            **doors,
         )
         return asyncio.run(run_station(options, args.seconds))
     finally:
@@ -152,8 +166,11 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
     elif options.public_view:
         mode += "; view only, no login (--public-view)"
     host = f"[{options.bind_host}]" if ":" in options.bind_host else options.bind_host
-    print(f"station: {server.scheme}://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:"
-          f"{options.mqtt_port}; {mode}", flush=True)
+    print(
+        f"station: {server.scheme}://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:"
+        f"{options.mqtt_port}; {mode}",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -180,8 +197,10 @@ def cmd_station_passwd(args: argparse.Namespace) -> int:
         password = ask_new_password(f"password for {args.user}: ", "again: ", ConfigError("the two passwords differ"))
     path = Path(args.file)
     created = set_password(path, args.user, password)
-    print(f"{'added' if created else 'changed the password of'} operator {args.user} in {path}; "
-          f"start the station with --users {path}")
+    print(
+        f"{'added' if created else 'changed the password of'} operator {args.user} in {path}; "
+        f"start the station with --users {path}"
+    )
     return 0
 
 
@@ -196,30 +215,63 @@ def add_station_parser(sub: Any) -> None:
     st.add_argument("--password-env", default=None, help="the signing key's password is in this variable")
     add_root_key_options(st)
     add_broker_login_options(st)
-    st.add_argument("--state-dir", default=None, metavar="DIR",
-                    help="keep the rollout step ledger here, so a halt seen before a restart is still known")
-    st.add_argument("--node-http", action="append", default=[], metavar="NODE=HOST:PORT",
-                    help="where a node's HTTP service is (for its live snapshot; repeat)")
+    st.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="keep the rollout step ledger here, so a halt seen before a restart is still known",
+    )
+    st.add_argument(
+        "--node-http",
+        action="append",
+        default=[],
+        metavar="NODE=HOST:PORT",
+        help="where a node's HTTP service is (for its live snapshot; repeat)",
+    )
     st.add_argument("--stale-s", type=float, default=15.0, help="grey a node out after this long unheard")
     st.add_argument("--no-auto-halt", action="store_true", help="only warn when a canary regresses")
     st.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
-    st.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                    help="a name the page is reached by besides its bind address (repeat; refuses any other Host)")
-    st.add_argument("--users", default=None, metavar="FILE",
-                    help="operator accounts (edgerun station passwd): every page and action needs a login")
-    st.add_argument("--public-view", action="store_true",
-                    help="viewing needs no login (with --users: acting does; without: the page is read-only)")
+    st.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name the page is reached by besides its bind address (repeat; refuses any other Host)",
+    )
+    st.add_argument(
+        "--users",
+        default=None,
+        metavar="FILE",
+        help="operator accounts (edgerun station passwd): every page and action needs a login",
+    )
+    st.add_argument(
+        "--public-view",
+        action="store_true",
+        help="viewing needs no login (with --users: acting does; without: the page is read-only)",
+    )
     st.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate chain")
     st.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
-    st.add_argument("--node-net", action="append", default=[], metavar="CIDR",
-                    help="fetch a snapshot from an address a node advertises only inside this range (repeat)")
-    st.add_argument("--snapshot-token-file", default=None, metavar="FILE",
-                    help="bearer token for the nodes' /snapshot.jpg ([service] snapshot_token_file)")
+    st.add_argument(
+        "--node-net",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="fetch a snapshot from an address a node advertises only inside this range (repeat)",
+    )
+    st.add_argument(
+        "--snapshot-token-file",
+        default=None,
+        metavar="FILE",
+        help="bearer token for the nodes' /snapshot.jpg ([service] snapshot_token_file)",
+    )
     st.set_defaults(func=cmd_station)
     st_sub = st.add_subparsers(dest="station_command", metavar="{passwd}")
     pw = st_sub.add_parser("passwd", help="add an operator to the password file or change their password")
     pw.add_argument("user", help="the operator's user name")
     pw.add_argument("--file", default="station-users", metavar="PATH", help="the password file (default: %(default)s)")
-    pw.add_argument("--password-stdin", action="store_true",
-                    help="read the password from the first line of stdin (default when stdin is not a terminal)")
+    pw.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from the first line of stdin (default when stdin is not a terminal)",
+    )
     pw.set_defaults(func=cmd_station_passwd)

@@ -57,8 +57,16 @@ def format_members(view: dict[str, Any]) -> str:
             pos = f"{meta['east']:.1f} E {meta['north']:.1f} N {meta.get('up') or 0:.1f} U"
         model = f"{meta.get('model', '')} v{meta.get('version', '')}" if meta.get("model") else ""
         rows.append(
-            (m["name"], m["state"], str(m["incarnation"]), m["addr"], model, meta.get("engine", ""),
-             meta.get("health", ""), pos)
+            (
+                m["name"],
+                m["state"],
+                str(m["incarnation"]),
+                m["addr"],
+                model,
+                meta.get("engine", ""),
+                meta.get("health", ""),
+                pos,
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -48,9 +48,7 @@ class SsdAnchorOptions:
             raise ModelError(f"ssd anchors: num_layers must be >= 1, got {self.num_layers}")
         # MediaPipe CHECK-fails (or loops forever) when these disagree; fail with a message instead.
         if len(self.strides) != self.num_layers:
-            raise ModelError(
-                f"ssd anchors: strides has {len(self.strides)} values but num_layers is {self.num_layers}"
-            )
+            raise ModelError(f"ssd anchors: strides has {len(self.strides)} values but num_layers is {self.num_layers}")
         if any(s < 1 for s in self.strides):
             raise ModelError(f"ssd anchors: strides must be >= 1, got {list(self.strides)}")
         explicit_maps = bool(self.feature_map_height or self.feature_map_width)

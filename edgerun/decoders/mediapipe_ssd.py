@@ -213,9 +213,7 @@ class MediaPipeSSDDecoder(Decoder):
 
         self._raw_threshold = self._prefilter_threshold()
         # Per-frame scratch, made once: dequantised scores, best score per box, candidate mask.
-        self._score_buf = (
-            np.empty((self.num_boxes, self.num_classes), np.float32) if score_spec.quantised else None
-        )
+        self._score_buf = np.empty((self.num_boxes, self.num_classes), np.float32) if score_spec.quantised else None
         self._best_buf = np.empty((self.num_boxes,), np.float32) if self.num_classes > 1 else None
         self._mask_buf = np.empty((self.num_boxes,), np.bool_)
 

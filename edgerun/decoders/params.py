@@ -115,6 +115,4 @@ class ParamReader:
         unknown = sorted(set(self._params) - self._seen)
         if unknown:
             known = ", ".join(sorted(self._seen))
-            raise ModelError(
-                f"{self.decoder_key}: unknown decoder.params key(s) {', '.join(unknown)} (known: {known})"
-            )
+            raise ModelError(f"{self.decoder_key}: unknown decoder.params key(s) {', '.join(unknown)} (known: {known})")

@@ -52,7 +52,7 @@ class _YoloDecoder(Decoder):
         self.max_candidates = p.integer("max_candidates", 3000, min_value=1)
         normalized = p.value("normalized", "auto")
         if not (normalized == "auto" or isinstance(normalized, bool)):
-            raise p.fail("normalized", f"expected true, false or \"auto\", got {normalized!r}")
+            raise p.fail("normalized", f'expected true, false or "auto", got {normalized!r}')
         self.normalized: bool | None = None if normalized == "auto" else bool(normalized)
         expected_classes = p.integer("num_classes", 0, min_value=0)
         p.finish()

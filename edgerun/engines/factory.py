@@ -97,6 +97,4 @@ def open_failover(
     watched = [key for key in order if key != LAST_RESORT and key not in absent]
     state_dir = Path(ecfg.state_dir) if ecfg.state_dir else default_state_dir()
     crumbs = Breadcrumbs.shared(state_dir) if watched else None
-    return Failover(
-        order, open_runtime, settings, absent=absent, health=health, on_event=on_event, breadcrumbs=crumbs
-    )
+    return Failover(order, open_runtime, settings, absent=absent, health=health, on_event=on_event, breadcrumbs=crumbs)

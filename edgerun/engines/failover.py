@@ -507,7 +507,9 @@ class Failover:
                     self._update_health()
             log.warning(
                 "engine %s unavailable: %s; re-probe in %.1f s",
-                cand.key, cand.reason, cand.next_probe - time.monotonic(),
+                cand.key,
+                cand.reason,
+                cand.next_probe - time.monotonic(),
             )
             return
         with self._lock:

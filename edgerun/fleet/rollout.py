@@ -105,8 +105,16 @@ def decode_state(payload: bytes, trusted: dict[str, PublicKey] | None = None) ->
         sigs = parse_signatures(env.sig, "rollout signature")
         raw = msgspec.json.decode(doc, type=wire.RolloutStateDoc)
         state = RolloutState(
-            model=raw.model, version=raw.version, percent=raw.percent, salt=raw.salt, phase=raw.phase,
-            reason=raw.reason[:500], by=raw.by, ts=raw.ts, base_version=raw.base_version, step=raw.step,
+            model=raw.model,
+            version=raw.version,
+            percent=raw.percent,
+            salt=raw.salt,
+            phase=raw.phase,
+            reason=raw.reason[:500],
+            by=raw.by,
+            ts=raw.ts,
+            base_version=raw.base_version,
+            step=raw.step,
         )
     except (ValueError, binascii.Error, SignatureError, RecursionError) as err:  # msgspec.DecodeError is one
         raise ValueError(f"malformed rollout message ({type(err).__name__}: {err})"[:300]) from None
@@ -170,8 +178,9 @@ def check_signing_key(offer: Offer, key: SecretKey) -> None:
 class RolloutControl:
     """Publishes rollout steps (re-signed releases and signed states) to the broker; blocking, use from a thread."""
 
-    def __init__(self, host: str, port: int, key: SecretKey, client_id: str = "edgerun-rollout",
-                 cfg: Any = None) -> None:
+    def __init__(
+        self, host: str, port: int, key: SecretKey, client_id: str = "edgerun-rollout", cfg: Any = None
+    ) -> None:
         self.host, self.port, self.key = host, port, key
         self.client_id = client_id  # a prefix: each publish connects with a fresh unique id
         self.cfg = cfg  # credentials and TLS (a MqttSinkConfig), for a broker with access control
@@ -185,14 +194,26 @@ class RolloutControl:
             connect_blocking(client, self.host, self.port)
             try:
                 # The broker's ACL answers a forbidden publish with a PUBACK reason code, checked here.
-                publish_confirmed(client, f"mqtt://{self.host}:{self.port}", messages, timeout=timeout,
-                                  refused_hint="is this the operator's identity?")
+                publish_confirmed(
+                    client,
+                    f"mqtt://{self.host}:{self.port}",
+                    messages,
+                    timeout=timeout,
+                    refused_hint="is this the operator's identity?",
+                )
             finally:
                 client.disconnect()
                 client.loop_stop()
 
-    def step(self, release: CheckedRelease, percent: float, phase: str, reason: str = "", by: str = "operator",
-             base_version: int | None = None) -> RolloutState:
+    def step(
+        self,
+        release: CheckedRelease,
+        percent: float,
+        phase: str,
+        reason: str = "",
+        by: str = "operator",
+        base_version: int | None = None,
+    ) -> RolloutState:
         """Re-sign a verified release at ``percent`` and publish it with the matching rollout state.
 
         Only a release that verified against the root keys is signed again; a halt is final for its version.
@@ -209,13 +230,22 @@ class RolloutControl:
         new = resign(offer, percent, self.key)
         manifest = parse_manifest(new.manifest)
         state = RolloutState(
-            model=manifest.name, version=manifest.version, percent=float(percent), salt=manifest.rollout.salt,
-            phase=phase, reason=reason, by=by, ts=time.time(), base_version=base_version, step=manifest.rollout.step,
+            model=manifest.name,
+            version=manifest.version,
+            percent=float(percent),
+            salt=manifest.rollout.salt,
+            phase=phase,
+            reason=reason,
+            by=by,
+            ts=time.time(),
+            base_version=base_version,
+            step=manifest.rollout.step,
         )
         envelope = encode_release(new.manifest, new.manifest_sig, new.keys, new.keys_sig)
         # The state first: a station that sees the new release already knows why it changed.
-        self._publish([(rollout_topic(manifest.name), encode_state(state, self.key)),
-                       (release_topic(manifest.name), envelope)])
+        self._publish(
+            [(rollout_topic(manifest.name), encode_state(state, self.key)), (release_topic(manifest.name), envelope)]
+        )
         return state
 
     def announce(self, state: RolloutState) -> None:

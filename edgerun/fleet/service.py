@@ -208,7 +208,11 @@ class FleetMember:
             return True
         last, at = self._sent_meta
         if (meta.model, meta.version, meta.engine, meta.fallback, meta.health) != (
-            last.model, last.version, last.engine, last.fallback, last.health
+            last.model,
+            last.version,
+            last.engine,
+            last.fallback,
+            last.health,
         ):
             return True
         if now - at >= META_REFRESH_S:
@@ -234,8 +238,12 @@ class FleetMember:
             log.log(level, "swarm: %s %s (incarnation %d)", member.name, event.kind, member.incarnation)
             self._publish_event(
                 "swarm",
-                {"change": event.kind, "member": member.name, "incarnation": member.incarnation,
-                 "addr": f"{member.addr[0]}:{member.addr[1]}"},
+                {
+                    "change": event.kind,
+                    "member": member.name,
+                    "incarnation": member.incarnation,
+                    "addr": f"{member.addr[0]}:{member.addr[1]}",
+                },
             )
 
     # -- read by the service ---------------------------------------------------------

@@ -90,8 +90,14 @@ class ReleaseVerifier:
         except OtaError as err:
             return CheckedRelease(model, None, None, "unreadable", "malformed", str(err)[:300])
         if self.trust is None:
-            return CheckedRelease(model, offer, shown, "unverified", "no_root_key",
-                                  "no root key given (--root-key), so the release cannot be verified")
+            return CheckedRelease(
+                model,
+                offer,
+                shown,
+                "unverified",
+                "no_root_key",
+                "no root key given (--root-key), so the release cannot be verified",
+            )
         with self._lock:
             try:
                 keyring = self._keyring(offer, now)
@@ -104,10 +110,17 @@ class ReleaseVerifier:
             state, state_error = self._state(state_payload, keyring, manifest)
             try:
                 self.steps.check(manifest)
-                if state is not None and state.state.version == manifest.version and (
-                    state.state.step > manifest.rollout.step
-                    or (state.state.phase == "halted" and manifest.rollout.percent > 0
-                        and state.state.step >= manifest.rollout.step)
+                if (
+                    state is not None
+                    and state.state.version == manifest.version
+                    and (
+                        state.state.step > manifest.rollout.step
+                        or (
+                            state.state.phase == "halted"
+                            and manifest.rollout.percent > 0
+                            and state.state.step >= manifest.rollout.step
+                        )
+                    )
                 ):
                     raise Rejected(
                         "replayed",
@@ -116,11 +129,11 @@ class ReleaseVerifier:
                         f"({state.state.phase}): an older step was replayed",
                     )
             except Rejected as err:
-                return CheckedRelease(model, offer, manifest, "replayed", err.code, str(err)[:300], keyring, state,
-                                      state_error)
+                return CheckedRelease(
+                    model, offer, manifest, "replayed", err.code, str(err)[:300], keyring, state, state_error
+                )
             self.steps.record(manifest)
-        return CheckedRelease(model, offer, manifest, "verified", keyring=keyring, state=state,
-                              state_error=state_error)
+        return CheckedRelease(model, offer, manifest, "verified", keyring=keyring, state=state, state_error=state_error)
 
     def _keyring(self, offer: Offer, now: float) -> Keyring:
         assert self.trust is not None
@@ -182,6 +195,8 @@ async def check_payload_on_broker(release: CheckedRelease, host: str, port: int,
     finally:
         await transport.close()
     if got != sha256:
-        raise UnverifiedRelease(f"{release.model} v{manifest.version}: payload {file} on the broker hashes to "
-                                f"{got[:16]}..., the manifest signed {sha256[:16]}...")
+        raise UnverifiedRelease(
+            f"{release.model} v{manifest.version}: payload {file} on the broker hashes to "
+            f"{got[:16]}..., the manifest signed {sha256[:16]}..."
+        )
     return f"payload {file} on the broker matches its signed sha256"

@@ -31,16 +31,32 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SIM = REPO / "firmware_mcu" / "build" / "edgelink-sim"
 
 
-async def run_rate(sim: Path, rate: float, seconds: float, baud: int, workdir: Path,
-                   corrupt_every: int = 0) -> dict[str, Any]:
+async def run_rate(
+    sim: Path, rate: float, seconds: float, baud: int, workdir: Path, corrupt_every: int = 0
+) -> dict[str, Any]:
     count = int(rate * seconds)
     out = workdir / f"mcu-{int(rate)}-{corrupt_every}.jsonl"
     sink = JsonlSink(JsonlSinkConfig(path=str(out), outbox=4096), "bench")
     await sink.start()
     proc = subprocess.Popen(
-        [str(sim), "--storage", str(workdir / "flash"), "--slot-size", "65536", "--pty", "--rate", str(rate),
-         "--count", str(count), "--baud", str(baud), "--corrupt-every", str(corrupt_every)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            str(sim),
+            "--storage",
+            str(workdir / "flash"),
+            "--slot-size",
+            "65536",
+            "--pty",
+            "--rate",
+            str(rate),
+            "--count",
+            str(count),
+            "--baud",
+            str(baud),
+            "--corrupt-every",
+            str(corrupt_every),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -101,8 +117,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for rate in args.rates:
             results.append(await run_rate(Path(args.sim), rate, args.seconds, args.baud, Path(tmp)))
         if args.corrupt_every:
-            results.append(await run_rate(Path(args.sim), args.rates[0], args.seconds, args.baud, Path(tmp),
-                                          args.corrupt_every))
+            results.append(
+                await run_rate(Path(args.sim), args.rates[0], args.seconds, args.baud, Path(tmp), args.corrupt_every)
+            )
     return {
         "bench": "mcu_link",
         "baud": args.baud,
@@ -121,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=[200.0, 1000.0, 5000.0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--baud", type=int, default=921600)
-    parser.add_argument("--corrupt-every", type=int, default=100,
-                        help="one more run at the first rate with every Nth frame damaged (0: none)")
+    parser.add_argument(
+        "--corrupt-every",
+        type=int,
+        default=100,
+        help="one more run at the first rate with every Nth frame damaged (0: none)",
+    )
     parser.add_argument("--json", default="", help="write the report here (default: stdout only)")
     args = parser.parse_args(argv)
     if not Path(args.sim).exists():

@@ -130,8 +130,9 @@ class McuBridge:
             except (OSError, ValueError) as err:  # pyserial's SerialException is an OSError
                 self.connect_errors += 1
                 if not failing:
-                    log.warning("mcu %s: cannot open (%s); retrying every %.1f s", self.cfg.port, err,
-                                self.cfg.reconnect_s)
+                    log.warning(
+                        "mcu %s: cannot open (%s); retrying every %.1f s", self.cfg.port, err, self.cfg.reconnect_s
+                    )
                 failing = True
                 await asyncio.sleep(self.cfg.reconnect_s)
                 continue
@@ -177,8 +178,15 @@ class McuBridge:
                     self._answer.set()
             elif isinstance(msg, Hello):
                 if msg != self._hello_logged:
-                    log.info("mcu %s: device %08x firmware %#x model %s v%d (slot %d)", self.cfg.port, msg.device_id,
-                             msg.fw_version, msg.name or "-", msg.model_version, msg.active_slot)
+                    log.info(
+                        "mcu %s: device %08x firmware %#x model %s v%d (slot %d)",
+                        self.cfg.port,
+                        msg.device_id,
+                        msg.fw_version,
+                        msg.name or "-",
+                        msg.model_version,
+                        msg.active_slot,
+                    )
                     self._hello_logged = msg
             elif isinstance(msg, Log):
                 self._log_line(msg)
@@ -271,8 +279,14 @@ class McuBridge:
             self.ota_results[key] = self.ota_results.get(key, 0) + 1
             name, version = release.manifest.name, release.manifest.version
             if result.ok:
-                log.info("mcu %s: %s v%d installed (resumed at %d, %d resends)", self.cfg.port, name, version,
-                         result.resumed_from, result.resends)
+                log.info(
+                    "mcu %s: %s v%d installed (resumed at %d, %d resends)",
+                    self.cfg.port,
+                    name,
+                    version,
+                    result.resumed_from,
+                    result.resends,
+                )
             else:
                 log.error("mcu %s: %s v%d not installed: %s", self.cfg.port, name, version, result.reason)
             return result
@@ -314,24 +328,41 @@ class McuBridge:
             f.add_metric(port, value)
             return f
 
-        yield family(GaugeMetricFamily, "edgerun_mcu_connected", "1 while the MCU's serial port is open.",
-                     1.0 if c["connected"] else 0.0)
+        yield family(
+            GaugeMetricFamily,
+            "edgerun_mcu_connected",
+            "1 while the MCU's serial port is open.",
+            1.0 if c["connected"] else 0.0,
+        )
         yield family(CounterMetricFamily, "edgerun_mcu_frames", "Frames received from the MCU.", c["frames"])
-        yield family(CounterMetricFamily, "edgerun_mcu_lost_frames",
-                     "Frames the MCU numbered that never arrived.", c["lost_frames"])
-        dropped = CounterMetricFamily("edgerun_mcu_dropped_frames", "Frames from the MCU dropped, by reason.",
-                                      labels=["port", "reason"])
+        yield family(
+            CounterMetricFamily,
+            "edgerun_mcu_lost_frames",
+            "Frames the MCU numbered that never arrived.",
+            c["lost_frames"],
+        )
+        dropped = CounterMetricFamily(
+            "edgerun_mcu_dropped_frames", "Frames from the MCU dropped, by reason.", labels=["port", "reason"]
+        )
         for reason, count in sorted(c["dropped_frames"].items()):
             dropped.add_metric([self.cfg.port, reason], count)
         yield dropped
-        yield family(CounterMetricFamily, "edgerun_mcu_detections", "MCU detections handed to the sinks.",
-                     c["detections"])
-        yield family(CounterMetricFamily, "edgerun_mcu_reported_dropped",
-                     "Detections the MCU reports it dropped (transmit buffer full).", c["mcu_detections_dropped"])
-        yield family(GaugeMetricFamily, "edgerun_mcu_uptime_seconds", "MCU uptime from its last heartbeat.",
-                     c["mcu_uptime_ms"] / 1000.0)
-        yield family(GaugeMetricFamily, "edgerun_mcu_model_version", "Model version the MCU runs.",
-                     c["model_version"])
+        yield family(
+            CounterMetricFamily, "edgerun_mcu_detections", "MCU detections handed to the sinks.", c["detections"]
+        )
+        yield family(
+            CounterMetricFamily,
+            "edgerun_mcu_reported_dropped",
+            "Detections the MCU reports it dropped (transmit buffer full).",
+            c["mcu_detections_dropped"],
+        )
+        yield family(
+            GaugeMetricFamily,
+            "edgerun_mcu_uptime_seconds",
+            "MCU uptime from its last heartbeat.",
+            c["mcu_uptime_ms"] / 1000.0,
+        )
+        yield family(GaugeMetricFamily, "edgerun_mcu_model_version", "Model version the MCU runs.", c["model_version"])
         ota = CounterMetricFamily("edgerun_mcu_ota", "MCU model updates by outcome.", labels=["port", "result"])
         for result, count in sorted(c["ota"].items()):
             ota.add_metric([self.cfg.port, result], count)

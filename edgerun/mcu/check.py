@@ -171,8 +171,11 @@ def check_mcu_model(path: str | Path, arena_limit: int, runs: int = 20) -> McuCh
     unsupported = [name for name in ops if name.split(":")[0] in unsupported] or unsupported
     if interp is None:
         # TFLM's own words say which kernel refused what (e.g. DEQUANTIZE of float16 weights).
-        why = [line.split("/kernels/")[-1].rstrip(".") for line in runner.log
-               if "was not true" in line or "failed to prepare" in line]
+        why = [
+            line.split("/kernels/")[-1].rstrip(".")
+            for line in runner.log
+            if "was not true" in line or "failed to prepare" in line
+        ]
         error = "" if unsupported else "; ".join([runner.last_error, *why[:2]])
         return McuCheck(str(path), len(data), ops, unsupported, arena_limit, None, False, None, None, error=error)
     # Smallest arena that allocates and invokes: an interpreter per probe, binary search.
@@ -195,5 +198,15 @@ def check_mcu_model(path: str | Path, arena_limit: int, runs: int = 20) -> McuCh
     for i in range(n_inputs):
         d = interp.get_input_details(i)
         inputs.append({"shape": [int(s) for s in d["shape"]], "dtype": np.dtype(d["dtype"]).name})
-    return McuCheck(str(path), len(data), ops, [], arena_limit, needed, needed <= arena_limit,
-                    round(statistics.median(times), 4), round(max(times), 4), inputs=inputs)
+    return McuCheck(
+        str(path),
+        len(data),
+        ops,
+        [],
+        arena_limit,
+        needed,
+        needed <= arena_limit,
+        round(statistics.median(times), 4),
+        round(max(times), 4),
+        inputs=inputs,
+    )

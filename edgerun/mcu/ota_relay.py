@@ -34,8 +34,9 @@ class RelayResult:
 
 
 class OtaRelay:
-    def __init__(self, release: McuRelease, chunk_size: int = MAX_CHUNK, ack_timeout_s: float = 1.0,
-                 retries: int = 5) -> None:
+    def __init__(
+        self, release: McuRelease, chunk_size: int = MAX_CHUNK, ack_timeout_s: float = 1.0, retries: int = 5
+    ) -> None:
         if not 1 <= chunk_size <= MAX_CHUNK:
             raise ValueError(f"chunk_size {chunk_size}: expected 1..{MAX_CHUNK}")
         self.release = release
@@ -59,8 +60,9 @@ class OtaRelay:
         return self.state in (RelayState.DONE, RelayState.FAILED)
 
     def result(self) -> RelayResult:
-        return RelayResult(self.state is RelayState.DONE, self.reason, self.version, self.resumed_from,
-                           self.chunks_sent, self.resends)
+        return RelayResult(
+            self.state is RelayState.DONE, self.reason, self.version, self.resumed_from, self.chunks_sent, self.resends
+        )
 
     def next_message(self) -> Message | None:
         """What to send now, or None while waiting for an answer (or when finished)."""

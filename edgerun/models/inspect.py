@@ -47,14 +47,21 @@ def inspect_bundle(path: str, engine_key: str = "tflite", warmup_runs: int = 5) 
         "labels": m.labels,
         "root": str(bundle.root),
         "variants": m.variants,
-        "preprocess": {"resize": m.preprocess.resize, "color": m.preprocess.color,
-                       "mean": m.preprocess.mean, "std": m.preprocess.std},
+        "preprocess": {
+            "resize": m.preprocess.resize,
+            "color": m.preprocess.color,
+            "mean": m.preprocess.mean,
+            "std": m.preprocess.std,
+        },
         "decoder": {"kind": m.decoder.kind, "params": m.decoder.params},
         "engine": engine_key,
         "input": _tensor(engine.input_spec),
         "outputs": [_tensor(s) for s in engine.output_specs],
-        "timing_ms": {"load": round(load_ms, 2), "first_inference": round(first_ms, 2),
-                      "warm_median": round(float(np.median(times)), 3)},
+        "timing_ms": {
+            "load": round(load_ms, 2),
+            "first_inference": round(first_ms, 2),
+            "warm_median": round(float(np.median(times)), 3),
+        },
     }
 
 

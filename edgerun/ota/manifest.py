@@ -142,7 +142,7 @@ def in_rollout(rollout: Rollout, node_id: str) -> bool:
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
-    """"0.10.2" -> (0, 10, 2); a suffix on a part ("1rc1") counts by its leading digits."""
+    """ "0.10.2" -> (0, 10, 2); a suffix on a part ("1rc1") counts by its leading digits."""
     parts = []
     for part in text.split("."):
         digits = re.match(r"\d*", part).group()  # type: ignore[union-attr]

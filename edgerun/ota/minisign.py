@@ -184,8 +184,12 @@ class SecretKey:
             stream = _scrypt_stream(password, salt, SCRYPT_OPSLIMIT, SCRYPT_MEMLIMIT)
             body = bytes(a ^ b for a, b in zip(body, stream))
             head = (
-                ALG_LEGACY + KDF_SCRYPT + CHK_BLAKE2B + salt
-                + SCRYPT_OPSLIMIT.to_bytes(8, "little") + SCRYPT_MEMLIMIT.to_bytes(8, "little")
+                ALG_LEGACY
+                + KDF_SCRYPT
+                + CHK_BLAKE2B
+                + salt
+                + SCRYPT_OPSLIMIT.to_bytes(8, "little")
+                + SCRYPT_MEMLIMIT.to_bytes(8, "little")
             )
             comment = "minisign encrypted secret key"
         return f"{UNTRUSTED_PREFIX}{comment}\n{base64.b64encode(head + body).decode()}\n"
@@ -283,7 +287,11 @@ def parse_signatures(text: str, what: str = "signature") -> list[Signature]:
         _check_comment(comment, f"{what}: trusted comment")
         out.append(
             Signature(
-                blob[:2], blob[2:10], blob[10:], comment, _b64(global_line, 64, what),
+                blob[:2],
+                blob[2:10],
+                blob[10:],
+                comment,
+                _b64(global_line, 64, what),
                 untrusted[len(UNTRUSTED_PREFIX) :],
             )
         )

@@ -23,8 +23,13 @@ MAX_EXTENDED_HEADER = 64 * 1024
 # tar framing (512-byte headers, padding, end blocks) on top of the members' bytes, allowed in the stream count.
 _FRAMING_SLACK = 1 << 20
 MAX_MEMBERS = 10_000  # a bundle holds a handful of files; tarfile keeps every header in memory
-_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-             tarfile.GNUTYPE_LONGLINK)
+_EXTENDED = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 # What a damaged or hostile archive can raise from the tar, gzip, bzip2 and xz readers.
 _ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError)
 

@@ -288,8 +288,14 @@ class ModelStore:
         txn = self.next_txn()
         slot = inst.inactive
         record = dict(
-            name=name, version=version, sha256=sha256, slot=slot, created=created_ts,
-            from_version=inst.version, from_slot=inst.active, from_sha256=inst.sha256,
+            name=name,
+            version=version,
+            sha256=sha256,
+            slot=slot,
+            created=created_ts,
+            from_version=inst.version,
+            from_slot=inst.active,
+            from_sha256=inst.sha256,
         )
         self.journal(txn, "begin", **record)
         if inst.previous is not None and inst.previous.slot == slot:

@@ -38,9 +38,7 @@ class Offer:
 
     def identity(self) -> bytes:
         """What makes two offers the same release (to skip one already judged)."""
-        return b"\0".join(
-            [self.manifest, self.manifest_sig.encode(), self.keys or b"", (self.keys_sig or "").encode()]
-        )
+        return b"\0".join([self.manifest, self.manifest_sig.encode(), self.keys or b"", (self.keys_sig or "").encode()])
 
 
 class RateLimiter:
@@ -108,7 +106,8 @@ class CappedWriter:
         self.close()
         if self.have < self.size:
             raise Rejected(
-                "truncated", f"{self.name}: the source ended after {self.have} of the signed {self.size} bytes",
+                "truncated",
+                f"{self.name}: the source ended after {self.have} of the signed {self.size} bytes",
                 final=False,
             )
 

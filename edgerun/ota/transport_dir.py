@@ -30,8 +30,11 @@ READ_TIMEOUT_S = 30.0
 
 def _kind(mode: int) -> str:
     for test, name in (
-        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
     ):
         if test(mode):
             return name

@@ -276,8 +276,11 @@ def publish_release(
             chunks = [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)]
             for index, chunk in enumerate(chunks):
                 pending.append(client.publish(file_topic(model, file, str(index)), chunk, qos=1, retain=True))
-            index_doc = {"size": len(data), "chunk_size": chunk_size,
-                         "chunks": [hashlib.sha256(c).hexdigest() for c in chunks]}
+            index_doc = {
+                "size": len(data),
+                "chunk_size": chunk_size,
+                "chunks": [hashlib.sha256(c).hexdigest() for c in chunks],
+            }
             pending.append(client.publish(file_topic(model, file, "index"), json.dumps(index_doc), qos=1, retain=True))
         # The release message last: a node that sees it finds every chunk already there.
         pending.append(client.publish(release_topic(model), encode_release(manifest, sig, keys, keys_sig), 1, True))

@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 class UpdaterHost(Protocol):
     """What the updater needs of the node it updates (``edgerun.node.Node``), and nothing more.
 

@@ -59,9 +59,7 @@ def weight_buffers(data: bytes) -> list[WeightBuffer]:
     return sorted(out.values(), key=lambda w: w.offset)
 
 
-def perturb_weights(
-    data: bytes, select: Callable[[str], bool], relative: float, seed: int = 0
-) -> tuple[bytes, int]:
+def perturb_weights(data: bytes, select: Callable[[str], bool], relative: float, seed: int = 0) -> tuple[bytes, int]:
     """A copy of ``data`` with the selected weight tensors scaled by (1 + relative * N(0, 1)); (bytes, changed)."""
     rng = np.random.default_rng(seed)
     out = bytearray(data)

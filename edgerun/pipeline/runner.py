@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 ORDER_WAIT_S = 5.0
 
 
-
 def _name_native_thread(name: str) -> None:
     """Name the OS thread (``top -H``, ``ps -L``, /proc/*/task/*/comm) so operators see the stages."""
     try:

@@ -128,9 +128,7 @@ class HttpService:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/snapshot.jpg", self._snapshot_jpg)
         # access_log=None: a probe every few seconds must not write a log line each time.
-        runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=1.0, logger=server_log
-        )
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0, logger=server_log)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:

@@ -115,22 +115,19 @@ class NodeCollector:
         yield gauge("edgerun_fps", "Batches published per second over the last few seconds.", node.fps())
         if node.pipeline is not None:
             yield gauge(
-                "edgerun_pipeline_workers", "Frames the pipeline works on at once (one per engine replica).",
+                "edgerun_pipeline_workers",
+                "Frames the pipeline works on at once (one per engine replica).",
                 node.pipeline.workers,
             )
         state = GaugeMetricFamily("edgerun_health_state", "1 for the node's current state.", labels=["state"])
         for name in STATES:
             state.add_metric([name], 1.0 if node.health.state == name else 0.0)
         yield state
-        info = GaugeMetricFamily(
-            "edgerun_model_info", "The model being served.", labels=["model", "version", "engine"]
-        )
+        info = GaugeMetricFamily("edgerun_model_info", "The model being served.", labels=["model", "version", "engine"])
         info.add_metric([node.model_name, str(node.model_version), node.engine_key], 1.0)
         yield info
         sent = CounterMetricFamily("edgerun_sink_sent", "Batches delivered by each sink.", labels=["sink"])
-        sdrop = CounterMetricFamily(
-            "edgerun_sink_dropped", "Batches evicted from a full sink outbox.", labels=["sink"]
-        )
+        sdrop = CounterMetricFamily("edgerun_sink_dropped", "Batches evicted from a full sink outbox.", labels=["sink"])
         errors = CounterMetricFamily("edgerun_sink_errors", "Sink delivery errors.", labels=["sink"])
         up = GaugeMetricFamily("edgerun_sink_connected", "1 while the sink can deliver.", labels=["sink"])
         queued = GaugeMetricFamily("edgerun_sink_queued", "Batches waiting in each sink's outbox.", labels=["sink"])

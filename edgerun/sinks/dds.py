@@ -51,11 +51,12 @@ def require_cyclonedds(what: str = "sinks.dds.enabled", instead: str = "set sink
             f"(on aarch64 it builds against Cyclone's C library: docs/installing.md), or {instead}"
         ) from None
 
+
 _LOOPBACK_XML = (
     '<CycloneDDS><Domain id="any">'
     '<General><Interfaces><NetworkInterface name="{iface}"/></Interfaces>'
     "<AllowMulticast>false</AllowMulticast></General>"
-    "<Discovery><Peers><Peer address=\"127.0.0.1\"/></Peers>"
+    '<Discovery><Peers><Peer address="127.0.0.1"/></Peers>'
     "<ParticipantIndex>auto</ParticipantIndex><MaxAutoParticipantIndex>50</MaxAutoParticipantIndex></Discovery>"
     "</Domain></CycloneDDS>"
 )
@@ -334,8 +335,10 @@ class DdsSink(Sink):
         topics = [t for t, on in ((self.cfg.topic, self.cfg.native), (self.ros2_topic, self.cfg.ros2)) if on]
         log.info(
             "dds: domain %d, %s %s, publishing on %s",
-            self.cfg.domain_id, "reliable" if self.cfg.reliable else "best effort",
-            self.cfg.interface if not self.cfg.cyclonedds_config else "custom config", ", ".join(topics) or "nothing",
+            self.cfg.domain_id,
+            "reliable" if self.cfg.reliable else "best effort",
+            self.cfg.interface if not self.cfg.cyclonedds_config else "custom config",
+            ", ".join(topics) or "nothing",
         )
         return True
 

@@ -309,7 +309,10 @@ class MqttSink(Sink):
         cfg = self.cfg
         # No paho reconnects: the connection loop retries with its own jittered backoff.
         client = new_client(
-            cfg, client_id=self.client_id, reconnect=None, ssl_context=self._ssl_context,
+            cfg,
+            client_id=self.client_id,
+            reconnect=None,
+            ssl_context=self._ssl_context,
             will=Will(self.topics["status"], STATUS_OFFLINE, qos=cfg.qos_status, retain=True),
         )
         # The sink keeps its own window (Receive Maximum) and queue; paho's would only hide them.
@@ -504,8 +507,12 @@ class MqttSink(Sink):
         self._last_logged_reason = ""
         log.info(
             "mqtt: connected to %s:%d as %s (receive maximum %d, topic aliases %d, %d batches queued)",
-            self.cfg.host, self.cfg.port, self.client_id, self.broker_receive_maximum,
-            self.broker_topic_alias_maximum, len(self._outbox),
+            self.cfg.host,
+            self.cfg.port,
+            self.client_id,
+            self.broker_receive_maximum,
+            self.broker_topic_alias_maximum,
+            len(self._outbox),
         )
         if self._first_attempt_done is not None:
             self._first_attempt_done.set()
@@ -574,8 +581,15 @@ class MqttSink(Sink):
             if message.expiry_s:
                 props.MessageExpiryInterval = message.expiry_s
             mid = self._publish_now(
-                client, message.topic_key, message.payload, message.qos, message.retain, message.content_type,
-                self._kind_of(message.topic_key), message, props,
+                client,
+                message.topic_key,
+                message.payload,
+                message.qos,
+                message.retain,
+                message.content_type,
+                self._kind_of(message.topic_key),
+                message,
+                props,
             )
             if mid is None:
                 return

@@ -127,8 +127,9 @@ class UserFile:
         self.users: dict[str, str] = {}
         self.reload()
         if not self.users:
-            raise ConfigError(f"--users {path}: no operator in it (add one with `edgerun station passwd USER "
-                              f"--file {path}`)")
+            raise ConfigError(
+                f"--users {path}: no operator in it (add one with `edgerun station passwd USER --file {path}`)"
+            )
 
     def reload(self) -> None:
         try:

@@ -64,24 +64,40 @@ def judge(
                 base_fps.append(node.fps)
             if node.detection_rate is not None:
                 base_det.append(node.detection_rate)
-    figures: dict[str, Any] = {"attempted": attempted, "failed": failed, "canary_nodes": len(canary_fps),
-                               "baseline_nodes": len(base_fps)}
+    figures: dict[str, Any] = {
+        "attempted": attempted,
+        "failed": failed,
+        "canary_nodes": len(canary_fps),
+        "baseline_nodes": len(base_fps),
+    }
     if attempted >= policy.min_attempts and attempted:
         rate = failed / attempted
         figures["failure_rate"] = round(rate, 3)
         if rate > policy.max_failure_rate:
-            return Verdict(True, f"{failed} of {attempted} canary nodes rolled back or could not run v{version} "
-                                 f"({rate:.0%} > {policy.max_failure_rate:.0%})", figures)
+            return Verdict(
+                True,
+                f"{failed} of {attempted} canary nodes rolled back or could not run v{version} "
+                f"({rate:.0%} > {policy.max_failure_rate:.0%})",
+                figures,
+            )
     if canary_fps and base_fps:
         c, b = statistics.median(canary_fps), statistics.median(base_fps)
         figures.update(canary_fps=round(c, 2), baseline_fps=round(b, 2))
         if b > 0 and c / b < policy.min_fps_ratio:
-            return Verdict(True, f"fps {c:.1f} on v{version} against {b:.1f} on the nodes not updated "
-                                 f"({c / b:.2f}x < {policy.min_fps_ratio:.2f}x)", figures)
+            return Verdict(
+                True,
+                f"fps {c:.1f} on v{version} against {b:.1f} on the nodes not updated "
+                f"({c / b:.2f}x < {policy.min_fps_ratio:.2f}x)",
+                figures,
+            )
     if canary_det and base_det:
         c, b = statistics.median(canary_det), statistics.median(base_det)
         figures.update(canary_detection_rate=round(c, 3), baseline_detection_rate=round(b, 3))
         if b >= policy.min_baseline_detection_rate and c / b < policy.min_detection_ratio:
-            return Verdict(True, f"{c:.2f} detections per frame on v{version} against {b:.2f} on the nodes not "
-                                 f"updated ({c / b:.2f}x < {policy.min_detection_ratio:.2f}x)", figures)
+            return Verdict(
+                True,
+                f"{c:.2f} detections per frame on v{version} against {b:.2f} on the nodes not "
+                f"updated ({c / b:.2f}x < {policy.min_detection_ratio:.2f}x)",
+                figures,
+            )
     return Verdict(False, "", figures)

@@ -19,8 +19,10 @@ def pose_from_payload(pose: Any) -> Pose | None:
         return None
     try:
         values = [float(pose[k]) for k in ("east_m", "north_m", "up_m")]
-        rest = [float(pose.get(k, d)) for k, d in (("yaw_deg", 0.0), ("pitch_deg", 0.0), ("roll_deg", 0.0),
-                                                    ("hfov_deg", 60.0))]
+        rest = [
+            float(pose.get(k, d))
+            for k, d in (("yaw_deg", 0.0), ("pitch_deg", 0.0), ("roll_deg", 0.0), ("hfov_deg", 60.0))
+        ]
     except (KeyError, TypeError, ValueError):
         return None
     if not all(math.isfinite(v) for v in values + rest) or not 1.0 < rest[3] < 170.0:

@@ -31,8 +31,12 @@ NODE_TOPICS = wire.NODE_TOPICS
 SUBSCRIPTIONS = wire.STATION_SUBSCRIPTIONS
 STATION_EVENTS_TOPIC = wire.STATION_EVENTS_TOPIC
 # The schema each node topic carries; a message naming another one is dropped as wrong_schema.
-NODE_SCHEMAS = {"detections": wire.DETECTIONS_SCHEMA, "metrics": wire.METRICS_SCHEMA, "swarm": wire.SWARM_SCHEMA,
-                "events": wire.EVENT_SCHEMA}
+NODE_SCHEMAS = {
+    "detections": wire.DETECTIONS_SCHEMA,
+    "metrics": wire.METRICS_SCHEMA,
+    "swarm": wire.SWARM_SCHEMA,
+    "events": wire.EVENT_SCHEMA,
+}
 _RELEASES = wire.RELEASES_PREFIX.split("/")
 _ROLLOUTS = wire.ROLLOUTS_PREFIX.split("/")
 MAX_BOXES = 100
@@ -95,12 +99,27 @@ class NodeView:
 
     def to_json(self, now: float, stale_s: float, trail: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "state": self.state(now, stale_s), "status": self.status, "health": self.health,
-            "reasons": self.reasons, "engine": self.engine, "fallback": self.fallback, "model": self.model,
-            "model_version": self.model_version, "fps": self.fps, "p99_ms": self.p99_ms, "dropped": self.dropped,
-            "detection_rate": self.detection_rate, "swarm_seen": self.swarm_seen,
-            "swarm_members": self.swarm_members[:32], "last_seen": self.last_seen, "pose": self.pose,
-            "footprint": self.footprint, "boxes": len(self.boxes), "ota": self.ota, "via_swarm": self.via_swarm,
+            "id": self.id,
+            "state": self.state(now, stale_s),
+            "status": self.status,
+            "health": self.health,
+            "reasons": self.reasons,
+            "engine": self.engine,
+            "fallback": self.fallback,
+            "model": self.model,
+            "model_version": self.model_version,
+            "fps": self.fps,
+            "p99_ms": self.p99_ms,
+            "dropped": self.dropped,
+            "detection_rate": self.detection_rate,
+            "swarm_seen": self.swarm_seen,
+            "swarm_members": self.swarm_members[:32],
+            "last_seen": self.last_seen,
+            "pose": self.pose,
+            "footprint": self.footprint,
+            "boxes": len(self.boxes),
+            "ota": self.ota,
+            "via_swarm": self.via_swarm,
         }
         if trail:
             out["trail"] = [[e, n] for _, e, n in self.trail]
@@ -258,12 +277,18 @@ class FleetModel:
         node.frame = (width, height)
         pose = None if doc.pose is None else pose_from_payload(msgspec.structs.asdict(doc.pose))
         if pose is not None:
-            node.pose = {"east_m": pose.east_m, "north_m": pose.north_m, "up_m": pose.up_m,
-                         "yaw_deg": pose.yaw_deg, "hfov_deg": pose.hfov_deg}
+            node.pose = {
+                "east_m": pose.east_m,
+                "north_m": pose.north_m,
+                "up_m": pose.up_m,
+                "yaw_deg": pose.yaw_deg,
+                "hfov_deg": pose.hfov_deg,
+            }
             node.footprint = footprint(pose, width, height) if width and height else None
             self._trail(node, now, pose.east_m, pose.north_m)
-        node.boxes = [{"label": det.label[:40], "score": det.score, "box": list(det.box)}
-                      for det in doc.detections[:MAX_BOXES]]
+        node.boxes = [
+            {"label": det.label[:40], "score": det.score, "box": list(det.box)} for det in doc.detections[:MAX_BOXES]
+        ]
         node.boxes_ts = now
 
     def _trail(self, node: NodeView, now: float, east: float, north: float) -> None:
@@ -335,8 +360,9 @@ class FleetModel:
             step, version, code = ota.step[:40], ota.version, ota.code
             keep = {k: doc[k] for k in ("step", "version", "code", "reason") if doc.get(k) is not None}
             node.ota = {**keep, "ts": now}
-            if version is not None and (step in ("committed", "rolled_back") or (
-                    step == "rejected" and code in RELEASE_FAULTS)):
+            if version is not None and (
+                step in ("committed", "rolled_back") or (step == "rejected" and code in RELEASE_FAULTS)
+            ):
                 # A "failed" step is a link or disk problem, not the release's fault: it does not count here.
                 node.ota_outcomes[version] = step if step != "rejected" else f"rejected:{code}"
                 if len(node.ota_outcomes) > 16:
@@ -348,8 +374,9 @@ class FleetModel:
             level = "error" if step in ("rolled_back", "failed") else "info"
         else:
             rest = {k: v for k, v in doc.items() if k not in ("schema", "node", "kind", "ts")}
-            text = f"{kind} " + " ".join(f"{k}={_text(v, 80) if isinstance(v, str) else v}"
-                                         for k, v in list(rest.items())[:8])
+            text = f"{kind} " + " ".join(
+                f"{k}={_text(v, 80) if isinstance(v, str) else v}" for k, v in list(rest.items())[:8]
+            )
             level = "error" if rest.get("event") in ("dead", "suspect") or rest.get("kind") == "dead" else "info"
         self.add_event(now, node.id, kind or "event", text, level)
 
@@ -358,8 +385,14 @@ class FleetModel:
         out = []
         for m in view.members[:MAX_MEMBERS]:
             meta = m.meta or {}
-            out.append({"name": m.name[:128], "state": m.state[:20], "incarnation": m.incarnation,
-                        "meta": {k: v for k, v in list(meta.items())[:16] if isinstance(v, (str, int, float, bool))}})
+            out.append(
+                {
+                    "name": m.name[:128],
+                    "state": m.state[:20],
+                    "incarnation": m.incarnation,
+                    "meta": {k: v for k, v in list(meta.items())[:16] if isinstance(v, (str, int, float, bool))},
+                }
+            )
         node.swarm_members = out
         node.swarm_seen = sum(1 for m in out if m["state"] in ("alive", "suspect") and m["name"] != node.id)
         meta_http = next((m["meta"].get("http") for m in out if m["name"] == node.id), None)
@@ -395,8 +428,13 @@ class FleetModel:
         if node.pose is None or node.via_swarm:
             east, north = _num(meta.get("east")), _num(meta.get("north"))
             if east is not None and north is not None:
-                node.pose = {"east_m": east, "north_m": north, "up_m": _num(meta.get("up")) or 0.0,
-                             "yaw_deg": _num(meta.get("yaw")) or 0.0, "hfov_deg": _num(meta.get("hfov")) or 60.0}
+                node.pose = {
+                    "east_m": east,
+                    "north_m": north,
+                    "up_m": _num(meta.get("up")) or 0.0,
+                    "yaw_deg": _num(meta.get("yaw")) or 0.0,
+                    "hfov_deg": _num(meta.get("hfov")) or 60.0,
+                }
 
     def _object(self, payload: bytes, now: float) -> None:
         doc = self._decode(payload, Any)
@@ -474,8 +512,14 @@ class FleetModel:
                     self.add_event(now, node_id, "status", f"stale: nothing heard for {self.stale_s:g} s", "warn")
                 self._states[node_id] = state
                 self._dirty_nodes.add(node_id)
-        if not (self._dirty_nodes or self._dirty_objects or self._removed_objects or self._new_events
-                or self._dirty_meta or self._removed_nodes):
+        if not (
+            self._dirty_nodes
+            or self._dirty_objects
+            or self._removed_objects
+            or self._new_events
+            or self._dirty_meta
+            or self._removed_nodes
+        ):
             return None
         delta: dict[str, Any] = {"ts": now}
         if self._dirty_nodes:

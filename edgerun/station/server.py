@@ -58,7 +58,7 @@ COOKIE = "edgerun_session"
 # The page loads only its own files; nobody may frame it (a framed halt button could be clicked through).
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; "
-                               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
@@ -84,8 +84,9 @@ def check_bind_policy(host: str, users: bool, public_view: bool) -> None:
     """Without operator accounts the page may only be reached from this machine, or be read-only."""
     if users or public_view or is_loopback(host):
         return
-    raise ConfigError(f"binding {host or '0.0.0.0'} needs --users FILE (edgerun station passwd) "
-                      f"or --public-view for a read-only page")
+    raise ConfigError(
+        f"binding {host or '0.0.0.0'} needs --users FILE (edgerun station passwd) or --public-view for a read-only page"
+    )
 
 
 def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -94,8 +95,9 @@ def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     try:
         context.load_cert_chain(str(cert), str(key))
     except ssl.SSLError as err:  # an OSError too: caught first
-        raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: not a matching PEM certificate and key "
-                          f"({err.reason or err})") from None
+        raise ConfigError(
+            f"--tls-cert {cert} / --tls-key {key}: not a matching PEM certificate and key ({err.reason or err})"
+        ) from None
     except OSError as err:
         raise ConfigError(f"--tls-cert/--tls-key: {err.strerror or err}: {err.filename or cert}") from None
     return context
@@ -143,8 +145,9 @@ class StationServer:
 
     async def start(self) -> None:
         if self.users is not None and self.ssl is None and not is_loopback(self.host):
-            log.warning("station: operators' passwords and cookies cross the network in clear: "
-                        "give --tls-cert and --tls-key")
+            log.warning(
+                "station: operators' passwords and cookies cross the network in clear: give --tls-cert and --tls-key"
+            )
         app = web.Application(client_max_size=64 * 1024, middlewares=[self._doors])
         app.on_response_prepare.append(self._headers)
         app.router.add_get("/", self._index)
@@ -222,7 +225,8 @@ class StationServer:
                     return _error(401, "log in first (POST /login)")
                 raise web.HTTPSeeOther("/login")
             if request.method not in SAFE_METHODS and (
-                    session is None or not csrf_ok(session, request.headers.get("X-CSRF-Token"))):
+                session is None or not csrf_ok(session, request.headers.get("X-CSRF-Token"))
+            ):
                 return _error(403, "missing or wrong X-CSRF-Token (GET /api/session gives it)")
         return await handler(request)
 
@@ -241,8 +245,9 @@ class StationServer:
 
     def _login_html(self, message: str = "", status: int = 200) -> web.Response:
         text = _static("login.html").decode().replace("<!--message-->", html.escape(message))
-        return web.Response(text=text, content_type="text/html", charset="utf-8", status=status,
-                            headers={"Cache-Control": "no-store"})
+        return web.Response(
+            text=text, content_type="text/html", charset="utf-8", status=status, headers={"Cache-Control": "no-store"}
+        )
 
     async def _login_page(self, request: web.Request) -> web.Response:
         if self.users is None or request["session"] is not None:
@@ -257,8 +262,11 @@ class StationServer:
             now = time.time()
             if now - self._throttle_noted.get(client, 0.0) > self.throttle.window_s:
                 self._throttle_noted[client] = now
-                self.station._event("login", f"login attempts from {client} throttled "
-                                             f"(more than {self.throttle.attempts} a minute)", "error")
+                self.station._event(
+                    "login",
+                    f"login attempts from {client} throttled (more than {self.throttle.attempts} a minute)",
+                    "error",
+                )
             return self._login_html("Too many attempts: wait a minute.", 429)
         form = await request.post()
         user, password = str(form.get("user", ""))[:64], str(form.get("password", ""))[:1024]
@@ -271,8 +279,15 @@ class StationServer:
         token, _ = self.sessions.create(user)
         self.station._event("login", f"operator {user} logged in from {client}")
         response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store"})
-        response.set_cookie(COOKIE, token, path="/", httponly=True, samesite="Strict", secure=self.ssl is not None,
-                            max_age=int(self.sessions.ttl_s))
+        response.set_cookie(
+            COOKIE,
+            token,
+            path="/",
+            httponly=True,
+            samesite="Strict",
+            secure=self.ssl is not None,
+            max_age=int(self.sessions.ttl_s),
+        )
         return response
 
     async def _logout(self, request: web.Request) -> web.Response:
@@ -286,16 +301,22 @@ class StationServer:
 
     async def _session_info(self, request: web.Request) -> web.Response:
         session: Session | None = request["session"]
-        return web.json_response({
-            "login": self.users is not None, "user": session.user if session else None,
-            "csrf": session.csrf if session else None, "can_act": self.can_act(session),
-        }, headers={"Cache-Control": "no-store"})
+        return web.json_response(
+            {
+                "login": self.users is not None,
+                "user": session.user if session else None,
+                "csrf": session.csrf if session else None,
+                "can_act": self.can_act(session),
+            },
+            headers={"Cache-Control": "no-store"},
+        )
 
     # -- the page ---------------------------------------------------------------------------
 
     async def _index(self, request: web.Request) -> web.Response:
-        return web.Response(body=_static("index.html"), content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})
+        return web.Response(
+            body=_static("index.html"), content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-store"}
+        )
 
     async def _file(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -339,8 +360,9 @@ class StationServer:
         if address and self._session is not None:
             body = await self._fetch_snapshot(node.id, address)
             if body is not None:
-                return web.Response(body=body, content_type="image/jpeg",
-                                    headers={**headers, "X-Edgerun-Snapshot": "live"})
+                return web.Response(
+                    body=body, content_type="image/jpeg", headers={**headers, "X-Edgerun-Snapshot": "live"}
+                )
         body = await asyncio.get_running_loop().run_in_executor(None, render_boxes_jpeg, node)
         return web.Response(body=body, content_type="image/jpeg", headers={**headers, "X-Edgerun-Snapshot": "boxes"})
 
@@ -350,8 +372,9 @@ class StationServer:
         token = self.station.options.snapshot_token
         request_headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with self._session.get(f"http://{address}/snapshot.jpg", allow_redirects=False,
-                                         headers=request_headers) as r:
+            async with self._session.get(
+                f"http://{address}/snapshot.jpg", allow_redirects=False, headers=request_headers
+            ) as r:
                 if r.status != 200 or r.content_type != "image/jpeg":
                     log.debug("station: %s snapshot from %s: HTTP %s %s", node_id, address, r.status, r.content_type)
                     return None
@@ -361,8 +384,7 @@ class StationServer:
                 async for chunk in r.content.iter_chunked(64 * 1024):  # read() alone stops at what has arrived
                     body += chunk
                     if len(body) > SNAPSHOT_MAX_BYTES:
-                        log.debug("station: %s snapshot from %s is over %d bytes", node_id, address,
-                                  SNAPSHOT_MAX_BYTES)
+                        log.debug("station: %s snapshot from %s is over %d bytes", node_id, address, SNAPSHOT_MAX_BYTES)
                         return None
                 return bytes(body)
         except (OSError, asyncio.TimeoutError) as err:
@@ -375,15 +397,18 @@ class StationServer:
         model, action = request.match_info["model"], request.match_info["action"]
         session: Session | None = request["session"]
         if not self.can_act(session):
-            return _error(403, "this page is read-only (--public-view without --users): act from a station "
-                               "with operator accounts, or with `edgerun fleet`")
+            return _error(
+                403,
+                "this page is read-only (--public-view without --users): act from a station "
+                "with operator accounts, or with `edgerun fleet`",
+            )
         if request.headers.get("X-Edgerun-Confirm") != model:
             return _error(400, f"confirm the action: send X-Edgerun-Confirm: {model}")
         try:
             body: Any = await request.json() if request.can_read_body else {}
             percent = float(body.get("percent", 0.0)) if isinstance(body, dict) else 0.0
         except (ValueError, TypeError):
-            return _error(400, "body: expected JSON like {\"percent\": 50}")
+            return _error(400, 'body: expected JSON like {"percent": 50}')
         by = f"operator:{session.user}" if session is not None else "operator"
         try:
             state = await self.station.act(model, action, percent, by=by)

@@ -93,8 +93,9 @@ class Station:
         self.options = options
         self.origin = f"station-{uuid.uuid4().hex[:12]}"
         self.model = FleetModel(stale_s=options.stale_s, origin=self.origin)
-        self.subscriber = FleetSubscriber(options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker,
-                                          cfg=options.mqtt_cfg)
+        self.subscriber = FleetSubscriber(
+            options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker, cfg=options.mqtt_cfg
+        )
         self.clients: set[asyncio.Queue[str]] = set()
         self.rollouts: dict[str, dict[str, Any]] = {}
         self._rollouts_json = ""
@@ -103,8 +104,10 @@ class Station:
         key = options.signing_key
         if key is not None and not options.root_keys:
             # Without roots the station could not tell a forged release from a real one, and would sign it.
-            raise StationConfigError("--signing-key needs --root-key (the fleet's root public keys, as the nodes "
-                                     "have them): the station signs only releases it verified")
+            raise StationConfigError(
+                "--signing-key needs --root-key (the fleet's root public keys, as the nodes "
+                "have them): the station signs only releases it verified"
+            )
         steps = options.state_dir / "rollout-steps.json" if options.state_dir else None
         try:
             self.verifier = ReleaseVerifier(options.root_keys, options.root_threshold, steps)
@@ -120,8 +123,10 @@ class Station:
 
     async def start(self) -> None:
         self.subscriber.start()
-        self._tasks = [asyncio.create_task(self._tick_loop(), name="station-tick"),
-                       asyncio.create_task(self._canary_loop(), name="station-canary")]
+        self._tasks = [
+            asyncio.create_task(self._tick_loop(), name="station-tick"),
+            asyncio.create_task(self._canary_loop(), name="station-canary"),
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -191,21 +196,34 @@ class Station:
         if manifest is None:  # an untrusted retained message: shown as broken, never raised
             return {"model": model, "error": checked.reason, "trust": checked.trust}
         view: dict[str, Any] = {
-            "model": model, "version": manifest.version, "percent": manifest.rollout.percent,
-            "salt": manifest.rollout.salt, "created": manifest.created, "expires": manifest.expires,
+            "model": model,
+            "version": manifest.version,
+            "percent": manifest.rollout.percent,
+            "salt": manifest.rollout.salt,
+            "created": manifest.created,
+            "expires": manifest.expires,
             "step": manifest.rollout.step,
             "phase": "canary" if 0 < manifest.rollout.percent < 100 else phase_for(manifest.rollout.percent),
-            "reason": "", "by": "",
+            "reason": "",
+            "by": "",
             # "verified", or why not ("forged", "replayed", "unverified": no --root-key): the page shows it and
             # offers no action on anything but a verified release.
-            "trust": checked.trust, "trust_code": checked.code, "trust_reason": checked.reason,
+            "trust": checked.trust,
+            "trust_code": checked.code,
+            "trust_reason": checked.reason,
             "verified": checked.verified,
         }
         signed = checked.state
         if signed is not None and signed.state.version == manifest.version:
             st = signed.state
-            view.update(phase=st.phase, reason=st.reason, by=st.by, base_version=st.base_version,
-                        state_ts=st.ts, signed_by=signed.key_id)
+            view.update(
+                phase=st.phase,
+                reason=st.reason,
+                by=st.by,
+                base_version=st.base_version,
+                state_ts=st.ts,
+                signed_by=signed.key_id,
+            )
         elif checked.state_error:
             view["state_error"] = checked.state_error
         nodes = [n for n in self.model.nodes.values() if n.model == model]
@@ -214,8 +232,11 @@ class Station:
         verdict = judge(model, manifest.version, nodes, now, self.options.stale_s, self.options.policy)
         view["verdict"] = {"halt": verdict.halt, "reason": verdict.reason, "figures": verdict.figures}
         # A release that did not verify moves no node: it has no cohort.
-        view["cohort"] = {n.id: cohort_position(manifest.rollout.salt, n.id) < manifest.rollout.percent
-                          for n in nodes} if checked.verified else {}
+        view["cohort"] = (
+            {n.id: cohort_position(manifest.rollout.salt, n.id) < manifest.rollout.percent for n in nodes}
+            if checked.verified
+            else {}
+        )
         return view
 
     async def _canary_loop(self) -> None:
@@ -254,8 +275,12 @@ class Station:
         self._halting.add(key)
         reason = f"auto-halt: {verdict['reason']}"
         if self.control is None:
-            self._event("rollout", f"{view['model']} v{view['version']}: {reason} (read-only station: halt it with "
-                                   f"`edgerun fleet halt` or start the station with --signing-key)", "error")
+            self._event(
+                "rollout",
+                f"{view['model']} v{view['version']}: {reason} (read-only station: halt it with "
+                f"`edgerun fleet halt` or start the station with --signing-key)",
+                "error",
+            )
             return
         try:
             await self.act(view["model"], "halt", 0.0, reason=reason, by="auto")
@@ -279,8 +304,10 @@ class Station:
         if checked is None:
             raise ActionRefused(f"no release of {model!r} is retained on the broker")
         if not checked.verified:
-            raise ReleaseConflict(f"the release of {model!r} on the broker is {checked.trust} "
-                                  f"({checked.reason}); the station signs only releases it verified")
+            raise ReleaseConflict(
+                f"the release of {model!r} on the broker is {checked.trust} "
+                f"({checked.reason}); the station signs only releases it verified"
+            )
         if action == "halt":
             percent, phase = 0.0, "halted"
             reason = reason or "halted by the operator"
@@ -292,8 +319,9 @@ class Station:
             raise ActionRefused(f"unknown action {action!r} (promote, halt)")
         if action == "promote":
             try:
-                note = await check_payload_on_broker(checked, self.options.mqtt_host, self.options.mqtt_port,
-                                                     self.options.mqtt_cfg)
+                note = await check_payload_on_broker(
+                    checked, self.options.mqtt_host, self.options.mqtt_port, self.options.mqtt_cfg
+                )
             except RolloutRefused as err:
                 raise ReleaseConflict(str(err)) from None
             log.info("station: %s", note)
@@ -302,8 +330,11 @@ class Station:
             state = await asyncio.to_thread(self.control.step, checked, percent, phase, reason, by, base)
         except RolloutRefused as err:
             raise ReleaseConflict(str(err)) from None
-        self._event("rollout", f"{model} v{state.version}: {phase} at {percent:g}% by {by}"
-                               + (f": {reason}" if reason else ""), "error" if phase == "halted" else "info")
+        self._event(
+            "rollout",
+            f"{model} v{state.version}: {phase} at {percent:g}% by {by}" + (f": {reason}" if reason else ""),
+            "error" if phase == "halted" else "info",
+        )
         return state.to_json()
 
     # -- snapshots of one node ----------------------------------------------------------
@@ -337,11 +368,27 @@ def render_boxes_jpeg(node: NodeView) -> bytes:
     for det in node.boxes:
         x1, y1, x2, y2 = (int(round(v)) for v in det["box"])
         cv2.rectangle(image, (x1, y1), (x2, y2), (80, 220, 80), 2)
-        cv2.putText(image, f"{det['label']} {det['score']:.2f}", (x1, max(12, y1 - 4)), cv2.FONT_HERSHEY_SIMPLEX,
-                    0.5, (80, 220, 80), 1, cv2.LINE_AA)
+        cv2.putText(
+            image,
+            f"{det['label']} {det['score']:.2f}",
+            (x1, max(12, y1 - 4)),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            0.5,
+            (80, 220, 80),
+            1,
+            cv2.LINE_AA,
+        )
     when = time.strftime("%H:%M:%S", time.localtime(node.boxes_ts)) if node.boxes_ts else "never"
-    cv2.putText(image, f"{node.id}: last boxes at {when} (no live snapshot)", (8, height - 10),
-                cv2.FONT_HERSHEY_SIMPLEX, 0.5, (200, 200, 200), 1, cv2.LINE_AA)
+    cv2.putText(
+        image,
+        f"{node.id}: last boxes at {when} (no live snapshot)",
+        (8, height - 10),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        0.5,
+        (200, 200, 200),
+        1,
+        cv2.LINE_AA,
+    )
     ok, data = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 85])
     if not ok:
         raise StationError("could not encode the snapshot")

@@ -52,8 +52,11 @@ class ControlledAccelerator(FaultInjectingEngine):
 
     def __init__(self, model_path: Path, options: EngineOptions) -> None:
         super().__init__(
-            TFLiteEngine(model_path, EngineOptions(num_threads=1)), ACCELERATOR_PLAN, ACCELERATOR_KEY,
-            cpu_threads=0, concurrent_calls=1,
+            TFLiteEngine(model_path, EngineOptions(num_threads=1)),
+            ACCELERATOR_PLAN,
+            ACCELERATOR_KEY,
+            cpu_threads=0,
+            concurrent_calls=1,
         )
 
 
@@ -173,6 +176,7 @@ class ControlServer:
             source.__dict__.pop("read", None)
             source.__dict__.pop("open", None)
         else:
+
             def gone(*args: Any, **kwargs: Any) -> Any:
                 raise SourceError("camera disconnected (test control)")
 

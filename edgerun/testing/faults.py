@@ -99,9 +99,7 @@ class FaultInjectingEngine(Engine):
         self.input_spec = inner.input_spec
         self.output_specs = inner.output_specs
         self.cpu_threads = getattr(inner, "cpu_threads", 0) if cpu_threads is None else cpu_threads
-        self.concurrent_calls = (
-            getattr(inner, "concurrent_calls", 1) if concurrent_calls is None else concurrent_calls
-        )
+        self.concurrent_calls = getattr(inner, "concurrent_calls", 1) if concurrent_calls is None else concurrent_calls
         self.closed = False
 
     def allocate_input(self) -> np.ndarray:

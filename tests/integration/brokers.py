@@ -127,11 +127,27 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _make_ca(d: Path, name: str) -> tuple[Path, Path]:
     crt, key = d / f"{name}.crt", d / f"{name}.key"
     _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", key.name, "-out", crt.name, "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-addext", "subjectKeyIdentifier=hash",
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        key.name,
+        "-out",
+        crt.name,
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-addext",
+        "subjectKeyIdentifier=hash",
         cwd=d,
     )
     return crt, key
@@ -148,13 +164,36 @@ def _make_leaf(d: Path, name: str, ca: Path, ca_key: Path, usage: str) -> tuple[
         "authorityKeyIdentifier=keyid,issuer\n"
     )
     _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", key.name, "-out", csr.name, "-subj", f"/CN={name}",
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        key.name,
+        "-out",
+        csr.name,
+        "-subj",
+        f"/CN={name}",
         cwd=d,
     )
     _openssl(
-        "x509", "-req", "-in", csr.name, "-CA", ca.name, "-CAkey", ca_key.name, "-CAcreateserial",
-        "-out", crt.name, "-days", "2", "-extfile", ext.name,
+        "x509",
+        "-req",
+        "-in",
+        csr.name,
+        "-CA",
+        ca.name,
+        "-CAkey",
+        ca_key.name,
+        "-CAcreateserial",
+        "-out",
+        crt.name,
+        "-days",
+        "2",
+        "-extfile",
+        ext.name,
         cwd=d,
     )
     return crt, key
@@ -208,9 +247,7 @@ class Collector:
         from paho.mqtt.properties import Properties
 
         self._lock = threading.Lock()
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=MQTTProtocolVersion.MQTTv5
-        )
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=MQTTProtocolVersion.MQTTv5)
         client.reconnect_delay_set(0.05, 0.5)
 
         def on_connect(c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:

@@ -30,7 +30,7 @@ NODE = "test-node"
 # A ROS 2 subscriber as another vendor would write it: its own type definitions with the
 # ROS DDS names and vision_msgs 4.x layout, nothing imported from edgerun.
 ROS2_SUBSCRIBER = textwrap.dedent(
-    '''
+    """
     import json, math, sys, time
     from dataclasses import dataclass, field
     from cyclonedds.domain import Domain, DomainParticipant
@@ -142,7 +142,7 @@ ROS2_SUBSCRIBER = textwrap.dedent(
             }), flush=True)
         time.sleep(0.01)
     sys.exit(0 if got >= count else 1)
-    '''
+    """
 )
 
 
@@ -181,12 +181,29 @@ def test_ros2_subscriber_with_its_own_types_receives_detection2darray(tmp_path: 
     topic = "rt/test_node/detections"  # ROS namespace from the node id, "-" made "_"
     sub = subprocess.Popen(
         [PYTHON, str(script), loopback_config(), str(domain), topic, "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env(),
     )
     listener = subprocess.Popen(
-        [PYTHON, "-m", "edgerun.commands.listen",
-         "--dds", "--ros2", "--domain", str(domain), "--count", "2", "--seconds", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+        [
+            PYTHON,
+            "-m",
+            "edgerun.commands.listen",
+            "--dds",
+            "--ros2",
+            "--domain",
+            str(domain),
+            "--count",
+            "2",
+            "--seconds",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env(),
     )
     procs = [sub, listener]
     sent: dict[Any, dict[str, Any]] = {}
@@ -227,9 +244,23 @@ def test_ros2_subscriber_with_its_own_types_receives_detection2darray(tmp_path: 
 def test_native_topic_round_trips_through_the_listener() -> None:
     domain = dds_domain_id()
     listener = subprocess.Popen(
-        [PYTHON, "-m", "edgerun.commands.listen",
-         "--dds", "--json", "--domain", str(domain), "--count", "4", "--seconds", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+        [
+            PYTHON,
+            "-m",
+            "edgerun.commands.listen",
+            "--dds",
+            "--json",
+            "--domain",
+            str(domain),
+            "--count",
+            "4",
+            "--seconds",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env(),
     )
     sent: dict[Any, dict[str, Any]] = {}
     try:
@@ -279,9 +310,7 @@ def test_qos_profiles() -> None:
 
 def test_missing_interface_is_an_outage_not_a_crash() -> None:
     async def go() -> tuple[bool, str, int, int]:
-        sink = DdsSink(
-            DdsSinkConfig(enabled=True, domain_id=dds_domain_id(), interface="nosuchif0", outbox=4), NODE
-        )
+        sink = DdsSink(DdsSinkConfig(enabled=True, domain_id=dds_domain_id(), interface="nosuchif0", outbox=4), NODE)
         await sink.start()  # must not raise
         for seq in range(6):
             sink.submit(make_batch(seq), time.monotonic())
@@ -344,7 +373,7 @@ def test_dds_enabled_without_cyclonedds_is_a_config_error(tmp_path: Path, blazef
     config = tmp_path / "node.toml"
     config.write_text(
         f'[node]\nlog_level = "warning"\n[model]\nbundle = "{blazeface_bundle.root}"\n'
-        '[source]\nfps = 0.0\n[source.replay]\nframes = 2\n[sinks.jsonl]\nenabled = false\n'
+        "[source]\nfps = 0.0\n[source.replay]\nframes = 2\n[sinks.jsonl]\nenabled = false\n"
         "[service]\nhttp_enabled = false\n[sinks.dds]\nenabled = true\n"
     )
     # Cyclone is installed here: hide it the way a missing package looks (import fails).
@@ -371,9 +400,18 @@ def test_fleet_objects_reach_a_dds_reader_keyed_by_id() -> None:
 
     domain = dds_domain_id()
     obj = {
-        "schema": "edgerun.object/1", "id": "5f0c2a9d11e04b7a", "label": "person", "east_m": 12.5, "north_m": -3.25,
-        "uncertainty_m": 1.1, "first_seen": 1795000000.5, "last_seen": 1795000004.25, "score": 0.91,
-        "owner": "drone-2", "seen_by": ["drone-1", "drone-2"], "ts": 1795000004.5,
+        "schema": "edgerun.object/1",
+        "id": "5f0c2a9d11e04b7a",
+        "label": "person",
+        "east_m": 12.5,
+        "north_m": -3.25,
+        "uncertainty_m": 1.1,
+        "first_seen": 1795000000.5,
+        "last_seen": 1795000004.25,
+        "score": 0.91,
+        "owner": "drone-2",
+        "seen_by": ["drone-1", "drone-2"],
+        "ts": 1795000004.5,
     }
 
     async def go() -> tuple[DdsSink, list[Any]]:
@@ -400,7 +438,10 @@ def test_fleet_objects_reach_a_dds_reader_keyed_by_id() -> None:
     assert got, "no fleet object arrived"
     sample = got[0]
     assert (sample.id, sample.owner, list(sample.seen_by), sample.label) == (
-        obj["id"], obj["owner"], obj["seen_by"], obj["label"]
+        obj["id"],
+        obj["owner"],
+        obj["seen_by"],
+        obj["label"],
     )
     assert (sample.east_m, sample.north_m, sample.score) == (obj["east_m"], obj["north_m"], obj["score"])
     assert sink.counters()["objects_sent"] >= 1 and sink.counters()["objects_dropped"] == 0

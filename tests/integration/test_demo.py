@@ -10,9 +10,24 @@ import sys
 def test_demo_publishes_locally_and_scores_itself(tmp_path, blazeface_bundle):
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "edgerun", "demo", "--drones", "1", "--seconds", "4", "--out", str(out),
-         "--local-broker", "--dds", "--quiet"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "edgerun",
+            "demo",
+            "--drones",
+            "1",
+            "--seconds",
+            "4",
+            "--out",
+            str(out),
+            "--local-broker",
+            "--dds",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -34,9 +49,22 @@ def test_swarm_demo_flies_three_drones_and_reports_each_face_once(tmp_path, blaz
     """The default ``make demo``: three node processes gossiping, publishing to a private broker and DDS."""
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "edgerun", "demo", "--seconds", "14", "--out", str(out), "--local-broker", "--dds",
-         "--quiet"],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "edgerun",
+            "demo",
+            "--seconds",
+            "14",
+            "--out",
+            str(out),
+            "--local-broker",
+            "--dds",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())

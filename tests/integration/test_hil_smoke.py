@@ -23,8 +23,13 @@ pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not 
 
 
 def hil_run(*args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hil", "run", *args, "--quiet"], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "hil", "run", *args, "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def test_smoke_scenario_passes_and_cleans_up(tmp_path, blazeface_bundle):
@@ -65,8 +70,10 @@ def test_a_declared_fault_that_does_not_happen_fails_the_run(tmp_path, blazeface
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("FAIL ignored: 1 of ")
-    assert ("fault 0 camera_loss drone-1 happened: no (drone-1 kept publishing batches after its camera was taken "
-            "away (ignored the command))") in last
+    assert (
+        "fault 0 camera_loss drone-1 happened: no (drone-1 kept publishing batches after its camera was taken "
+        "away (ignored the command))"
+    ) in last
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["faults"][0]["happened"] is False
 
@@ -80,24 +87,42 @@ def test_a_real_board_is_observed_over_mqtt_and_http_only(tmp_path, blazeface_bu
     with run_mosquitto() as broker:
         http = free_port()
         board_cfg = tmp_path / "board.toml"
-        board_cfg.write_text(tomli_w.dumps({
-            "node": {"id": "board-1", "log_level": "warning"},
-            "source": {"kind": "replay", "fps": 5},
-            "sinks": {"jsonl": {"path": str(tmp_path / "board.jsonl")},
-                      "mqtt": {"enabled": True, "host": "127.0.0.1", "port": broker.port}},
-            "service": {"http_port": http},
-        }))
-        board = subprocess.Popen([sys.executable, "-m", "edgerun", "run", "-c", str(board_cfg)], cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        board_cfg.write_text(
+            tomli_w.dumps(
+                {
+                    "node": {"id": "board-1", "log_level": "warning"},
+                    "source": {"kind": "replay", "fps": 5},
+                    "sinks": {
+                        "jsonl": {"path": str(tmp_path / "board.jsonl")},
+                        "mqtt": {"enabled": True, "host": "127.0.0.1", "port": broker.port},
+                    },
+                    "service": {"http_port": http},
+                }
+            )
+        )
+        board = subprocess.Popen(
+            [sys.executable, "-m", "edgerun", "run", "-c", str(board_cfg)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             path = tmp_path / "bench.toml"
-            path.write_text(tomli_w.dumps({
-                "name": "bench", "duration_s": 10, "broker": {"address": f"127.0.0.1:{broker.port}"},
-                "nodes": [{"id": "board-1", "address": f"http://127.0.0.1:{http}"}],
-                "faults": [{"at_s": 2, "kind": "kill", "node": "board-1", "duration_s": 2},
-                           {"at_s": 3, "kind": "broker_restart", "duration_s": 2}],
-                "criteria": {"min_batches_per_node": 10},
-            }))
+            path.write_text(
+                tomli_w.dumps(
+                    {
+                        "name": "bench",
+                        "duration_s": 10,
+                        "broker": {"address": f"127.0.0.1:{broker.port}"},
+                        "nodes": [{"id": "board-1", "address": f"http://127.0.0.1:{http}"}],
+                        "faults": [
+                            {"at_s": 2, "kind": "kill", "node": "board-1", "duration_s": 2},
+                            {"at_s": 3, "kind": "broker_restart", "duration_s": 2},
+                        ],
+                        "criteria": {"min_batches_per_node": 10},
+                    }
+                )
+            )
             result = hil_run(str(path), "--out", str(tmp_path / "run"))
         finally:
             board.terminate()
@@ -106,7 +131,9 @@ def test_a_real_board_is_observed_over_mqtt_and_http_only(tmp_path, blazeface_bu
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["mode"] == "loopback"
     assert report["per_node"]["board-1"]["batches"] >= 10
-    assert [line.split(":")[0] for line in report["not_injectable"]] == ["kill at 2 s on board-1",
-                                                                        "broker_restart at 3 s on the fleet"]
+    assert [line.split(":")[0] for line in report["not_injectable"]] == [
+        "kill at 2 s on board-1",
+        "broker_restart at 3 s on the fleet",
+    ]
     rows = [json.loads(line) for line in (tmp_path / "run" / "observations.jsonl").read_text().splitlines()]
     assert any(r.get("scrape") == "board-1" and r.get("ok") and r["metrics"] for r in rows)  # /metrics, over HTTP

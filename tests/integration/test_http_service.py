@@ -17,8 +17,10 @@ from edgerun.service.health import Health
 from edgerun.service.http import METRICS_CONTENT_TYPE, HttpService
 
 HOST = "127.0.0.1"
-METRICS = "# HELP edgerun_frames_inferred Frames that went through the model.\n" \
+METRICS = (
+    "# HELP edgerun_frames_inferred Frames that went through the model.\n"
     "# TYPE edgerun_frames_inferred counter\nedgerun_frames_inferred_total 42.0\n"
+)
 
 
 # Fails any test here that leaves a thread running (tests/conftest.py).

@@ -60,7 +60,9 @@ def key(tmp_path: Path) -> tuple[SecretKey, Path]:
 def running_sim(sim: Path, storage: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     proc = subprocess.Popen(
         [str(sim), "--storage", str(storage), "--pty", "--slot-size", "65536", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline().split() if proc.stdout else []
@@ -85,8 +87,15 @@ async def until(predicate: Callable[[], bool], timeout: float = 20.0, what: str 
 
 
 def _bridge(port: str, submit: Callable[[DetectionBatch], None], pub: Path | None = None, **cfg) -> McuBridge:
-    values = dict(enabled=True, port=port, labels=LABELS, release_keys=[str(pub)] if pub else [],
-                  ack_timeout_s=1.0, ota_retries=3, reconnect_s=0.05)
+    values = dict(
+        enabled=True,
+        port=port,
+        labels=LABELS,
+        release_keys=[str(pub)] if pub else [],
+        ack_timeout_s=1.0,
+        ota_retries=3,
+        reconnect_s=0.05,
+    )
     values.update(cfg)
     return McuBridge(McuConfig(**values), NODE, submit)
 
@@ -150,8 +159,10 @@ def test_detections_reach_mqtt_through_a_real_broker(sim_binary: Path, tmp_path:
             with running_sim(sim_binary, tmp_path / "flash", "--rate", "200", "--count", str(count)) as (_, port):
                 bridge = _bridge(port, lambda b: sink.submit(b, time.monotonic()))
                 await bridge.start()
-                await until(lambda: bridge.detections == count and sink.stats.sent == bridge.batches,
-                            what="PUBACKs for every batch")
+                await until(
+                    lambda: bridge.detections == count and sink.stats.sent == bridge.batches,
+                    what="PUBACKs for every batch",
+                )
                 await bridge.stop()
             await sink.close(2.0)
 
@@ -172,8 +183,10 @@ async def _connected(bridge: McuBridge) -> None:
 
 
 async def _hello_version(bridge: McuBridge, version: int) -> None:
-    await until(lambda: bridge.link.hello is not None and bridge.link.hello.model_version == version,
-                what=f"HELLO with model v{version}")
+    await until(
+        lambda: bridge.link.hello is not None and bridge.link.hello.model_version == version,
+        what=f"HELLO with model v{version}",
+    )
 
 
 def test_ota_installs_and_survives_a_restart(sim_binary: Path, tmp_path: Path, key) -> None:
@@ -214,8 +227,12 @@ def test_mcu_refuses_tampered_unsigned_and_older_releases(sim_binary: Path, tmp_
     tampered_image[4321] ^= 0x01
     tampered = McuRelease(good.manifest, good.manifest_bytes, good.signature, bytes(tampered_image))
     stranger = SecretKey.generate()
-    unsigned = McuRelease(good.manifest, good.manifest_bytes,
-                          stranger.sign(good.manifest_bytes, good.manifest.trusted_comment(1)), good.image)
+    unsigned = McuRelease(
+        good.manifest,
+        good.manifest_bytes,
+        stranger.sign(good.manifest_bytes, good.manifest.trusted_comment(1)),
+        good.image,
+    )
     forged_manifest = McuManifest("kws-int8", 2, len(IMAGE_V2), hashlib.sha256(b"other").digest())
     forged = McuRelease(forged_manifest, forged_manifest.encode(), good.signature, good.image)
     older = build_mcu_release(IMAGE_V1, "kws-int8", 1, tmp_path / "v1", secret)
@@ -233,13 +250,22 @@ def test_mcu_refuses_tampered_unsigned_and_older_releases(sim_binary: Path, tmp_
             await _hello_version(bridge, 2)
             reasons["older"] = (await bridge.relay_directory(older)).reason
             assert bridge.link.hello.model_version == 2
-            assert bridge.counters()["ota"] == {"hash_mismatch": 1, "unknown_key": 1, "bad_signature": 1, "ok": 1,
-                                                "rollback": 1}
+            assert bridge.counters()["ota"] == {
+                "hash_mismatch": 1,
+                "unknown_key": 1,
+                "bad_signature": 1,
+                "ok": 1,
+                "rollback": 1,
+            }
             await bridge.stop()
         return reasons
 
-    assert asyncio.run(go()) == {"tampered": "hash_mismatch", "unsigned": "unknown_key", "forged": "bad_signature",
-                                 "older": "rollback"}
+    assert asyncio.run(go()) == {
+        "tampered": "hash_mismatch",
+        "unsigned": "unknown_key",
+        "forged": "bad_signature",
+        "older": "rollback",
+    }
 
 
 def test_node_refuses_a_tampered_release_before_relaying(sim_binary: Path, tmp_path: Path, key) -> None:
@@ -346,8 +372,10 @@ def test_bridge_reopens_the_port_after_the_mcu_goes_away(sim_binary: Path, tmp_p
         await until(lambda: not bridge.connected, what="the bridge to see the port go")
         with running_sim(sim_binary, tmp_path / "flash", "--device-id", "2") as (_, port):
             link.symlink_to(port)
-            await until(lambda: bridge.connected and bridge.link.hello is not None and bridge.link.hello.device_id == 2,
-                        what="HELLO from the MCU on the reopened port")
+            await until(
+                lambda: bridge.connected and bridge.link.hello is not None and bridge.link.hello.device_id == 2,
+                what="HELLO from the MCU on the reopened port",
+            )
             counters = bridge.counters()
             await bridge.stop()
         return counters["connects"], counters["lost_frames"]

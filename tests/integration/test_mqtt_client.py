@@ -179,13 +179,18 @@ def test_a_publish_the_acl_refuses_is_reported_from_its_puback(broker: Mosquitto
     try:
         publish_confirmed(client, "mqtt://test", [("allowed/a", b"1")])  # accepted: no error
         with pytest.raises(MqttError) as caught:
-            publish_confirmed(client, "mqtt://test", [("allowed/b", b"2"), ("forbidden/c", b"3")],
-                              refused_hint="is this the operator's identity?")
+            publish_confirmed(
+                client,
+                "mqtt://test",
+                [("allowed/b", b"2"), ("forbidden/c", b"3")],
+                refused_hint="is this the operator's identity?",
+            )
     finally:
         client.disconnect()
         client.loop_stop()
-    assert str(caught.value) == ("mqtt://test: the broker refused forbidden/c (Not authorized): "
-                                 "is this the operator's identity?")
+    assert str(caught.value) == (
+        "mqtt://test: the broker refused forbidden/c (Not authorized): is this the operator's identity?"
+    )
     # What the broker accepted is there, what it refused is not.
     retained = _retained(broker, ["allowed/#", "forbidden/#"])
     assert retained == {"allowed/a": b"1", "allowed/b": b"2"}

@@ -107,6 +107,7 @@ def _run_broker(workdir: Path) -> Iterator[FleetBroker]:
                                      start_new_session=True)  # fmt: skip
     log.close()
     try:
+
         def listening() -> bool:
             assert fleet.process is not None and fleet.process.poll() is None, (workdir / "mosquitto.log").read_text()
             try:

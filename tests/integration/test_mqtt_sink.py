@@ -121,19 +121,59 @@ def test_delivers_to_listener_and_mosquitto_sub(validator) -> None:
     count = 5
     with run_mosquitto() as broker:
         listener = subprocess.Popen(
-            [PYTHON, "-m", "edgerun.commands.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--json",
-             "--count", str(count), "--seconds", "60"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+            [
+                PYTHON,
+                "-m",
+                "edgerun.commands.listen",
+                "--mqtt",
+                f"127.0.0.1:{broker.port}",
+                "--json",
+                "--count",
+                str(count),
+                "--seconds",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(),
         )
         human = subprocess.Popen(
-            [PYTHON, "-m", "edgerun.commands.listen",
-             "--mqtt", f"127.0.0.1:{broker.port}", "--count", "2", "--seconds", "60"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+            [
+                PYTHON,
+                "-m",
+                "edgerun.commands.listen",
+                "--mqtt",
+                f"127.0.0.1:{broker.port}",
+                "--count",
+                "2",
+                "--seconds",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(),
         )
         sub = subprocess.Popen(
-            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-V", "mqttv5",
-             "-t", DETECTIONS, "-C", str(count), "-W", "60"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-V",
+                "mqttv5",
+                "-t",
+                DETECTIONS,
+                "-C",
+                str(count),
+                "-W",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         procs = [listener, human, sub]
         try:
@@ -170,8 +210,9 @@ def test_delivers_to_listener_and_mosquitto_sub(validator) -> None:
         assert seqs == list(range(seqs[0], seqs[0] + count))  # in order, none missing on a healthy link
     human_lines = outs[1][0].splitlines()
     assert len(human_lines) == 2
-    assert all(line.startswith(f"{NODE} #") and "synthetic v3/tflite" in line and "2 det: face" in line
-               for line in human_lines), human_lines
+    assert all(
+        line.startswith(f"{NODE} #") and "synthetic v3/tflite" in line and "2 det: face" in line for line in human_lines
+    ), human_lines
 
 
 def test_message_properties(validator) -> None:
@@ -202,7 +243,10 @@ def test_status_online_retained_and_will_after_kill9() -> None:
     with run_mosquitto() as broker:
         driver = subprocess.Popen(
             [PYTHON, str(HERE / "mqtt_driver.py"), "--port", str(broker.port), "--node", NODE, "--rate", "20"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(),
         )
         try:
             assert driver.stdout is not None
@@ -416,8 +460,10 @@ def test_mutual_tls(certs: Certs) -> None:
             connected, reason = sink.stats.connected, sink.status_reason
             await sink.close(0.5)
             assert not connected
-            assert reason.endswith("broker closed the connection before CONNACK (does it require a client"
-                                   " certificate? set tls_cert and tls_key)"), reason
+            assert reason.endswith(
+                "broker closed the connection before CONNACK (does it require a client"
+                " certificate? set tls_cert and tls_key)"
+            ), reason
             return sink
 
         refused = asyncio.run(without_client_cert())
@@ -466,9 +512,26 @@ def test_listener_skips_malformed_messages() -> None:
 
     with run_mosquitto() as broker:
         listener = subprocess.Popen(
-            [PYTHON, "-m", "edgerun.commands.listen", "--mqtt", f"127.0.0.1:{broker.port}", "--topic", "edgerun/#",
-             "--json", "--count", "2", "--seconds", "60", "--max-bytes", "4096"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+            [
+                PYTHON,
+                "-m",
+                "edgerun.commands.listen",
+                "--mqtt",
+                f"127.0.0.1:{broker.port}",
+                "--topic",
+                "edgerun/#",
+                "--json",
+                "--count",
+                "2",
+                "--seconds",
+                "60",
+                "--max-bytes",
+                "4096",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(),
         )
         pub = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
         pub.connect("127.0.0.1", broker.port)

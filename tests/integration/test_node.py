@@ -27,7 +27,7 @@ id = "test-node"
 log_level = "info"
 {source}
 [sinks.jsonl]
-path = "{tmp_path / 'detections.jsonl'}"
+path = "{tmp_path / "detections.jsonl"}"
 [service]
 http_port = {http_port}
 stall_s = 1.0
@@ -263,9 +263,25 @@ def test_node_publishes_to_a_real_broker(node):
         n = node(extra=f"[sinks.mqtt]\nenabled = true\nport = {broker.port}\nqos_detections = 1\n")
         n.recv_notify("READY=1")
         sub = subprocess.run(
-            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-V", "mqttv5",
-             "-t", "edgerun/test-node/#", "-v", "-C", "6", "-W", "30"],
-            capture_output=True, text=True, timeout=60,
+            [
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-V",
+                "mqttv5",
+                "-t",
+                "edgerun/test-node/#",
+                "-v",
+                "-C",
+                "6",
+                "-W",
+                "30",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         topics = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in sub.stdout.splitlines()}
         assert topics.get("edgerun/test-node/status") == "online"
@@ -274,9 +290,22 @@ def test_node_publishes_to_a_real_broker(node):
         n.proc.send_signal(signal.SIGTERM)
         assert n.proc.wait(10) == 0
         retained = subprocess.run(
-            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", "edgerun/test-node/status",
-             "-C", "1", "-W", "10"],
-            capture_output=True, text=True, timeout=30,
+            [
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-t",
+                "edgerun/test-node/status",
+                "-C",
+                "1",
+                "-W",
+                "10",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert retained.stdout.strip() == "offline"  # a clean shutdown says goodbye itself
 

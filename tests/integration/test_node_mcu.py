@@ -40,7 +40,9 @@ reconnect_s = 0.1
         )
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "60"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
         def from_mcu() -> list[dict]:
@@ -56,7 +58,8 @@ reconnect_s = 0.1
 
         try:
             assert wait_for(lambda: sum(len(r["detections"]) for r in from_mcu()) >= COUNT, timeout=60), (
-                proc.poll(), len(from_mcu())
+                proc.poll(),
+                len(from_mcu()),
             )
             with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as resp:
                 metrics = resp.read().decode()

@@ -62,7 +62,8 @@ http_port = 0
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "30"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
         def posed() -> list[dict]:

@@ -84,7 +84,10 @@ def test_sigterm_during_a_slow_accelerator_open_is_a_clean_stop(tmp_path, starte
     stderr = tmp_path / "stderr.log"
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "bootstrap.py"), str(cfg)],
-        cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=stderr.open("w"),
+        cwd=str(REPO),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr.open("w"),
     )
     started.append(proc)
     end = time.monotonic() + WAIT_S
@@ -141,14 +144,16 @@ def test_build_then_serve_in_process(tmp_path, astronaut_rgb, blazeface_bundle):
     for i in range(6):
         cv2.imwrite(str(photos / f"{i}.png"), cv2.cvtColor(astronaut_rgb, cv2.COLOR_RGB2BGR))
     out = tmp_path / "d.jsonl"
-    cfg = parse_config({
-        "node": {"id": "in-process"},
-        "source": {"kind": "images", "path": str(photos), "loop": False, "fps": 0},
-        "model": {"bundle": str(blazeface_bundle.root)},
-        "pipeline": {"policy": "block"},
-        "sinks": {"jsonl": {"path": str(out)}},
-        "service": {"http_enabled": False},
-    })
+    cfg = parse_config(
+        {
+            "node": {"id": "in-process"},
+            "source": {"kind": "images", "path": str(photos), "loop": False, "fps": 0},
+            "model": {"bundle": str(blazeface_bundle.root)},
+            "pipeline": {"policy": "block"},
+            "sinks": {"jsonl": {"path": str(out)}},
+            "service": {"http_enabled": False},
+        }
+    )
     node = Node(cfg)
 
     async def main() -> int:

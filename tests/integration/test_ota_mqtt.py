@@ -71,8 +71,12 @@ def test_an_index_claiming_more_than_signed_is_refused(tmp_path, release):
 
         lie = {"size": target.size * 10, "chunk_size": 65536, "chunks": ["0" * 64] * (target.size * 10 // 65536 + 1)}
         publish.single(
-            file_topic("blazeface_short", target.file, "index"), json.dumps(lie), qos=1, retain=True,
-            hostname=broker.host, port=broker.port,
+            file_topic("blazeface_short", target.file, "index"),
+            json.dumps(lie),
+            qos=1,
+            retain=True,
+            hostname=broker.host,
+            port=broker.port,
         )
 
         async def main():

@@ -158,7 +158,9 @@ def test_hot_swap_keeps_detecting_and_loses_no_frame(tmp_path, nodes, blazeface_
     assert summary["dropped"] == 0 and summary["captured"] == summary["frames"]
     status = subprocess.run(
         [sys.executable, "-m", "edgerun", "ota", "status", "--state-dir", str(tmp_path / "state"), "--check"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert status.returncode == 0, status.stdout + status.stderr
     assert status.stdout.startswith("blazeface_short v2 in slot b (anti-rollback counter 2)")

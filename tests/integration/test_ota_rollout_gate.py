@@ -33,16 +33,18 @@ def test_a_signed_halt_stops_a_download_in_flight_and_a_forged_one_does_not(tmp_
     fleet = Fleet(tmp_path / "fleet")
     fleet.write_keys()
     salt = next(f"s{i}" for i in range(1000) if cohort_position(f"s{i}", NODE) < 10)
-    rel = fleet.publish(head_variant(blazeface_bundle, tmp_path / "v2", 2),
-                        spec=ReleaseSpec(rollout_percent=10.0, rollout_salt=salt))
+    rel = fleet.publish(
+        head_variant(blazeface_bundle, tmp_path / "v2", 2), spec=ReleaseSpec(rollout_percent=10.0, rollout_salt=salt)
+    )
     target = rel.manifest.target
     with mosquitto.run_mosquitto() as broker:
         publish_release(fleet.release_dir, "blazeface_short", broker.host, broker.port, chunk_size=4096)
 
         def retain(offer) -> bytes:
             payload = encode_release(offer.manifest, offer.manifest_sig, offer.keys, offer.keys_sig)
-            publish.single(release_topic("blazeface_short"), payload, qos=1, retain=True, hostname=broker.host,
-                           port=broker.port)
+            publish.single(
+                release_topic("blazeface_short"), payload, qos=1, retain=True, hostname=broker.host, port=broker.port
+            )
             return payload
 
         async def grown(dest, by: int) -> None:
@@ -59,7 +61,8 @@ def test_a_signed_halt_stops_a_download_in_flight_and_a_forged_one_does_not(tmp_
                     await asyncio.sleep(0.05)
                 dest = tmp_path / "payload.part"
                 fetch = asyncio.create_task(
-                    transport.fetch("blazeface_short", target.file, target.size, dest, RateLimiter(40_000, 4096)))
+                    transport.fetch("blazeface_short", target.file, target.size, dest, RateLimiter(40_000, 4096))
+                )
                 await asyncio.wait_for(grown(dest, 3 * 4096), 60)
                 forged = retain(resign(offer, 0.0, SecretKey.generate()))  # not a release key
                 while transport._latest.get(release_topic("blazeface_short")) != forged:  # the node has it

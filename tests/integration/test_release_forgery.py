@@ -62,7 +62,7 @@ keepalive_s = 5
 http_port = {free_port()}
 [ota]
 enabled = true
-state_dir = "{tmp / 'node-state'}"
+state_dir = "{tmp / "node-state"}"
 root_keys = {json.dumps(fleet.root_pub_paths)}
 mqtt = true
 poll_interval_s = 0.5
@@ -81,18 +81,36 @@ class Rig:
 
     def start_node(self) -> subprocess.Popen[Any]:
         config = node_config(self.tmp, self.broker.port, self.fleet)
-        proc = subprocess.Popen([sys.executable, "-m", "edgerun", "run", "-c", str(config)],
-                                stdout=subprocess.DEVNULL, stderr=(self.tmp / "node.log").open("a"),
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edgerun", "run", "-c", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=(self.tmp / "node.log").open("a"),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self.procs.append(proc)
         return proc
 
     def start_station(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", self.mqtt,
-             "--bind", f"127.0.0.1:{self.station_port}",
-             "--signing-key", str(self.key_file), "--root-key", self.fleet.root_pub_paths[0], "--no-auto-halt"],
-            stdout=subprocess.PIPE, stderr=(self.tmp / "station.log").open("w"), text=True)
+            [
+                sys.executable,
+                "-m",
+                "edgerun",
+                "station",
+                "--mqtt",
+                self.mqtt,
+                "--bind",
+                f"127.0.0.1:{self.station_port}",
+                "--signing-key",
+                str(self.key_file),
+                "--root-key",
+                self.fleet.root_pub_paths[0],
+                "--no-auto-halt",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=(self.tmp / "station.log").open("w"),
+            text=True,
+        )
         self.procs.append(proc)
         assert proc.stdout is not None
         assert "rollout actions signed by release key" in proc.stdout.readline()
@@ -109,13 +127,27 @@ class Rig:
                 proc.wait(5)
 
     def fleet_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "edgerun", "fleet", *args, "--mqtt", self.mqtt],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "edgerun", "fleet", *args, "--mqtt", self.mqtt],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def publish(self, bundle: Path, percent: float) -> None:
         """``edgerun fleet publish`` as the operator runs it (the station is not asked what the fleet runs)."""
-        done = self.fleet_cli("publish", str(bundle), "--percent", f"{percent:g}", "--keys",
-                              str(self.fleet.release_dir), "--signing-key", str(self.key_file), "--fleet-seconds", "0")
+        done = self.fleet_cli(
+            "publish",
+            str(bundle),
+            "--percent",
+            f"{percent:g}",
+            "--keys",
+            str(self.fleet.release_dir),
+            "--signing-key",
+            str(self.key_file),
+            "--fleet-seconds",
+            "0",
+        )
         assert done.returncode == 0, done.stderr
 
     def signed_step(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -129,8 +161,11 @@ class Rig:
     def page_action(self, action: str, percent: float) -> tuple[int, dict[str, Any]]:
         origin = f"http://127.0.0.1:{self.station_port}"
         request = urllib.request.Request(
-            f"{origin}/api/rollouts/{MODEL}/{action}", data=json.dumps({"percent": percent}).encode(), method="POST",
-            headers={"X-Edgerun-Confirm": MODEL, "Content-Type": "application/json", "Origin": origin})
+            f"{origin}/api/rollouts/{MODEL}/{action}",
+            data=json.dumps({"percent": percent}).encode(),
+            method="POST",
+            headers={"X-Edgerun-Confirm": MODEL, "Content-Type": "application/json", "Origin": origin},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read())
@@ -252,8 +287,9 @@ def test_a_forged_release_is_never_shown_signed_or_installed(rig, blazeface_bund
 
         # 4. The broker still holds the attacker's bytes, never re-signed by the release key.
         assert rig.retained_release() == forged_bytes
-        assert wait_for(lambda: any(e.get("step") == "rejected" and e.get("code") == "unknown_key"
-                                    for e in ota_events(seen)), 60), ota_events(seen)
+        assert wait_for(
+            lambda: any(e.get("step") == "rejected" and e.get("code") == "unknown_key" for e in ota_events(seen)), 60
+        ), ota_events(seen)
         assert wait_for(lambda: model_version(seen) is not None, 60)
         time.sleep(2.0)
         assert model_version(seen) == 1
@@ -278,8 +314,7 @@ def test_a_promote_replayed_after_a_halt_is_refused_by_node_and_station(rig, bla
     with collecting(rig.broker.port, [f"edgerun/{NODE}/#"]) as seen:
         rig.start_node()
         # The node sees the halt first (not in its 0 % cohort) and keeps it.
-        assert wait_for(lambda: any(e.get("code") == "not_in_rollout" for e in ota_events(seen)), 90), \
-            ota_events(seen)
+        assert wait_for(lambda: any(e.get("code") == "not_in_rollout" for e in ota_events(seen)), 90), ota_events(seen)
         steps = json.loads((tmp_path / "node-state" / "trust" / "steps.json").read_text())
         assert steps[MODEL]["2"] == {"halted": True, "step": 1}
 
@@ -331,12 +366,15 @@ def test_swapped_payload_chunks_on_the_broker_stop_a_promote(rig, blazeface_bund
     target = parse_manifest(decode_release(rig.retained_release(), "t").manifest).target
     evil = bytes(target.size)  # the signed size, other bytes; an index that agrees with them
     chunk = 64 * 1024
-    chunks = [evil[i:i + chunk] for i in range(0, len(evil), chunk)]
-    messages = [{"topic": file_topic(MODEL, target.file, str(i)), "payload": c, "qos": 1, "retain": True}
-                for i, c in enumerate(chunks)]
+    chunks = [evil[i : i + chunk] for i in range(0, len(evil), chunk)]
+    messages = [
+        {"topic": file_topic(MODEL, target.file, str(i)), "payload": c, "qos": 1, "retain": True}
+        for i, c in enumerate(chunks)
+    ]
     index = {"size": len(evil), "chunk_size": chunk, "chunks": [hashlib.sha256(c).hexdigest() for c in chunks]}
-    messages.append({"topic": file_topic(MODEL, target.file, "index"), "payload": json.dumps(index), "qos": 1,
-                     "retain": True})
+    messages.append(
+        {"topic": file_topic(MODEL, target.file, "index"), "payload": json.dumps(index), "qos": 1, "retain": True}
+    )
     publish.multiple(messages, hostname="127.0.0.1", port=rig.broker.port)
     before = rig.retained_release()
 

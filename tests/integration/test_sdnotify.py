@@ -119,8 +119,9 @@ def test_watchdog_interval() -> None:
 
 def test_watchdog_period_is_half_the_systemd_interval() -> None:
     health = Health()
-    with_systemd = Watchdog(SdNotifier(env={"WATCHDOG_USEC": "10000000"}), last_progress=time.monotonic,
-                            stall_s=5.0, health=health)
+    with_systemd = Watchdog(
+        SdNotifier(env={"WATCHDOG_USEC": "10000000"}), last_progress=time.monotonic, stall_s=5.0, health=health
+    )
     assert with_systemd.period_s == 5.0
     without = Watchdog(SdNotifier(env={}), last_progress=time.monotonic, stall_s=5.0, health=health)
     assert without.period_s == 1.0
@@ -161,8 +162,13 @@ def test_watchdog_pings_only_while_frames_flow(receiver) -> None:
                     last[0] = time.monotonic()
                 await asyncio.sleep(0.01)
 
-        watchdog = Watchdog(notifier, last_progress=lambda: last[0], stall_s=0.25, health=health,
-                            status_text=lambda: "running, 14.9 fps")
+        watchdog = Watchdog(
+            notifier,
+            last_progress=lambda: last[0],
+            stall_s=0.25,
+            health=health,
+            status_text=lambda: "running, 14.9 fps",
+        )
         tasks = [asyncio.create_task(frames()), asyncio.create_task(watchdog.run())]
         try:
             got = await collect(sock, 3)
@@ -198,8 +204,13 @@ def test_excused_stall_keeps_pinging(receiver) -> None:
     health.set_problem("source", "camera /dev/video0 gone, reopening")
     notifier = SdNotifier(env={"NOTIFY_SOCKET": path})
     stale = time.monotonic() - 60.0
-    watchdog = Watchdog(notifier, last_progress=lambda: stale, stall_s=5.0, health=health,
-                        stall_excused=lambda: "source" in health.reasons)
+    watchdog = Watchdog(
+        notifier,
+        last_progress=lambda: stale,
+        stall_s=5.0,
+        health=health,
+        stall_excused=lambda: "source" in health.reasons,
+    )
     watchdog.tick()
     assert sock.recv(4096) == b"WATCHDOG=1"
     assert health.reasons["pipeline"].startswith("no frame inferred for 60")

@@ -27,8 +27,17 @@ pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is n
 
 
 def metrics(node: str, ts: float, frames: int, version: int) -> bytes:
-    summary = {"model": "blazeface_short", "model_version": version, "engine": "tflite", "state": "running",
-               "frames": frames, "detections": frames // 2, "fps": 0.0, "latency_p99_ms": 30.0, "dropped": 0}
+    summary = {
+        "model": "blazeface_short",
+        "model_version": version,
+        "engine": "tflite",
+        "state": "running",
+        "frames": frames,
+        "detections": frames // 2,
+        "fps": 0.0,
+        "latency_p99_ms": 30.0,
+        "dropped": 0,
+    }
     return json.dumps({"schema": "edgerun.metrics/1", "node": node, "ts": ts, "summary": summary}).encode()
 
 
@@ -44,16 +53,46 @@ def test_a_canary_with_an_fps_regression_is_halted_by_the_station(tmp_path, blaz
     with run_mosquitto() as broker:
         mqtt_addr = f"127.0.0.1:{broker.port}"
         station = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", mqtt_addr, "--bind", f"127.0.0.1:{free_port()}",
-             "--signing-key", str(key_file), "--root-key", fleet.root_pub_paths[0]],
-            stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
+            [
+                sys.executable,
+                "-m",
+                "edgerun",
+                "station",
+                "--mqtt",
+                mqtt_addr,
+                "--bind",
+                f"127.0.0.1:{free_port()}",
+                "--signing-key",
+                str(key_file),
+                "--root-key",
+                fleet.root_pub_paths[0],
+            ],
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / "station.log").open("w"),
+            text=True,
         )
         try:
             assert "rollout actions signed by release key" in station.stdout.readline()
             published = subprocess.run(
-                [sys.executable, "-m", "edgerun", "fleet", "publish", str(v2.root), "--percent", "10",
-                 "--keys", str(fleet.release_dir), "--signing-key", str(key_file), "--mqtt", mqtt_addr],
-                capture_output=True, text=True, timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "edgerun",
+                    "fleet",
+                    "publish",
+                    str(v2.root),
+                    "--percent",
+                    "10",
+                    "--keys",
+                    str(fleet.release_dir),
+                    "--signing-key",
+                    str(key_file),
+                    "--mqtt",
+                    mqtt_addr,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert published.returncode == 0, published.stderr
             with collecting(broker.port, ["edgerun/station/events"]) as events:
@@ -65,20 +104,23 @@ def test_a_canary_with_an_fps_regression_is_halted_by_the_station(tmp_path, blaz
                     for step in range(4):  # two intervals: rates need two samples per node
                         ts = t0 + step * 2.0
                         for node, version, fps in (("canary", 2, 3.0), ("base-1", 1, 10.0), ("base-2", 1, 9.0)):
-                            client.publish(f"edgerun/{node}/metrics", metrics(node, ts, int(100 + step * 2 * fps),
-                                                                              version), qos=1).wait_for_publish(10)
+                            client.publish(
+                                f"edgerun/{node}/metrics", metrics(node, ts, int(100 + step * 2 * fps), version), qos=1
+                            ).wait_for_publish(10)
                         time.sleep(0.3)
                 finally:
                     client.disconnect()
                     client.loop_stop()
-                assert wait_for(lambda: any(b"auto-halt" in m.payload for m in events.snapshot()), 30), \
+                assert wait_for(lambda: any(b"auto-halt" in m.payload for m in events.snapshot()), 30), (
                     "the station never published an auto-halt event"
+                )
                 event = json.loads(next(m.payload for m in events.snapshot() if b"auto-halt" in m.payload))
             assert event["schema"] == "edgerun.event/1" and event["kind"] == "rollout"
             assert "fps 3.0 on v2 against 9.5 on the nodes not updated" in event["text"]
 
-            retained = read_topics("127.0.0.1", broker.port, [release_topic("blazeface_short"),
-                                                                rollout_topic("blazeface_short")])
+            retained = read_topics(
+                "127.0.0.1", broker.port, [release_topic("blazeface_short"), rollout_topic("blazeface_short")]
+            )
             offer = decode_release(retained[release_topic("blazeface_short")], "test")
             store = TrustStore([k.public_key for k in fleet.root_keys])
             keyring = store.verify_keys(offer.keys, offer.keys_sig, time.time(), None)
@@ -91,9 +133,22 @@ def test_a_canary_with_an_fps_regression_is_halted_by_the_station(tmp_path, blaz
             assert state.state.reason.startswith("auto-halt: fps 3.0 on v2")
 
             status = subprocess.run(
-                [sys.executable, "-m", "edgerun", "fleet", "status", "--mqtt", mqtt_addr, "--seconds", "1",
-                     "--root-key", fleet.root_pub_paths[0]],
-                capture_output=True, text=True, timeout=60,
+                [
+                    sys.executable,
+                    "-m",
+                    "edgerun",
+                    "fleet",
+                    "status",
+                    "--mqtt",
+                    mqtt_addr,
+                    "--seconds",
+                    "1",
+                    "--root-key",
+                    fleet.root_pub_paths[0],
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             assert status.returncode == 0, status.stderr
             assert "rollout blazeface_short v2: halted at 0%" in status.stdout and "auto-halt: fps" in status.stdout

@@ -43,8 +43,10 @@ OBJECT_SCHEMA = REPO / "edgerun" / "schema" / "object-v1.json"
 
 pytestmark = [
     pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
-    pytest.mark.skipif(not Path(CHROMEDRIVER).exists() or not (shutil.which("chromium")),
-                       reason="Debian's chromium and chromium-driver are not installed"),
+    pytest.mark.skipif(
+        not Path(CHROMEDRIVER).exists() or not (shutil.which("chromium")),
+        reason="Debian's chromium and chromium-driver are not installed",
+    ),
 ]
 
 
@@ -96,7 +98,7 @@ keepalive_s = 5
 http_port = {self.http_port}
 [ota]
 enabled = true
-state_dir = "{tmp / (name + '-state')}"
+state_dir = "{tmp / (name + "-state")}"
 root_keys = {roots}
 mqtt = true
 poll_interval_s = 0.5
@@ -109,7 +111,9 @@ latency_factor = 50.0
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "edgerun", "run", "-c", str(self.config)],
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("a"),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
     def kill(self) -> None:
@@ -141,16 +145,45 @@ def rig(tmp_path, blazeface_bundle):
             for index in range(len(NODES)):
                 nodes.append(Node(tmp_path, index, broker_port=broker.port, fleet=fleet, swarm=swarm))
             station = subprocess.Popen(
-                [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-                 "--bind", f"127.0.0.1:{station_port}", "--signing-key", str(key_file),
-                 "--root-key", fleet.root_pub_paths[0], "--users", str(users), "--truth", "replay:1",
-                 "--root-key", fleet.root_pub_paths[0],
-                 "--ground", "replay:1", "--stale-s", "6", "--no-auto-halt",
-                 "--node-http", f"drone-1=127.0.0.1:{nodes[0].http_port}"],
-                stdout=station_log.open("w"), stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "edgerun",
+                    "station",
+                    "--mqtt",
+                    f"127.0.0.1:{broker.port}",
+                    "--bind",
+                    f"127.0.0.1:{station_port}",
+                    "--signing-key",
+                    str(key_file),
+                    "--root-key",
+                    fleet.root_pub_paths[0],
+                    "--users",
+                    str(users),
+                    "--truth",
+                    "replay:1",
+                    "--root-key",
+                    fleet.root_pub_paths[0],
+                    "--ground",
+                    "replay:1",
+                    "--stale-s",
+                    "6",
+                    "--no-auto-halt",
+                    "--node-http",
+                    f"drone-1=127.0.0.1:{nodes[0].http_port}",
+                ],
+                stdout=station_log.open("w"),
+                stderr=subprocess.STDOUT,
             )
-            yield {"broker": broker, "fleet": fleet, "key_file": key_file, "nodes": {n.name: n for n in nodes},
-                   "url": f"http://127.0.0.1:{station_port}/", "station_log": station_log, "tmp": tmp_path}
+            yield {
+                "broker": broker,
+                "fleet": fleet,
+                "key_file": key_file,
+                "nodes": {n.name: n for n in nodes},
+                "url": f"http://127.0.0.1:{station_port}/",
+                "station_log": station_log,
+                "tmp": tmp_path,
+            }
         finally:
             for node in nodes:
                 node.kill()
@@ -168,8 +201,13 @@ def browser():
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1600,1200"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1600,1200",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
@@ -196,8 +234,9 @@ def page(driver: Any, script: str) -> Any:
 
 def text_of(driver: Any, element_id: str) -> str | None:
     """An element's rendered text, found and read in one script call: nothing is held across a re-render."""
-    return driver.execute_script("const e = document.getElementById(arguments[0]); return e ? e.innerText : null;",
-                                 element_id)
+    return driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.innerText : null;", element_id
+    )
 
 
 def submit_login(driver: Any, user: str, password: str) -> None:
@@ -216,9 +255,11 @@ def submit_login(driver: Any, user: str, password: str) -> None:
 def until(driver: Any, what: str, predicate, rig: dict, timeout: float = 90.0) -> None:
     if not wait_for(predicate, timeout, 0.25):
         logs = "\n".join(f"--- {n.name}\n{n.log()}" for n in rig["nodes"].values())
-        raise AssertionError(f"page never showed {what}; rows {page(driver, ROWS_JS)}; "
-                             f"events {page(driver, EVENTS_JS)[:15]}\n{logs}\n--- station\n"
-                             f"{rig['station_log'].read_text()[-2000:]}")
+        raise AssertionError(
+            f"page never showed {what}; rows {page(driver, ROWS_JS)}; "
+            f"events {page(driver, EVENTS_JS)[:15]}\n{logs}\n--- station\n"
+            f"{rig['station_log'].read_text()[-2000:]}"
+        )
 
 
 def rows(driver: Any) -> dict[str, dict]:
@@ -256,8 +297,13 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
 
     # -- nodes and their positions ------------------------------------------------------------------------
     with collecting(broker_port, ["edgerun/+/detections"]) as seen:
-        until(driver, "three running nodes",
-              lambda: sum(r["state"] == "running" for r in rows(driver).values()) == 3, rig, 120)
+        until(
+            driver,
+            "three running nodes",
+            lambda: sum(r["state"] == "running" for r in rows(driver).values()) == 3,
+            rig,
+            120,
+        )
         until(driver, "three drones on the map", lambda: len(page(driver, DRONES_JS)) == 3, rig)
         drones = {d["id"]: d for d in page(driver, DRONES_JS)}
         latest = {}
@@ -299,8 +345,13 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
 
     # -- snapshot on click: live from a node with a known address ---------------------------------------
     driver.execute_script("document.querySelector('#nodes tbody tr[data-id=\"drone-1\"]').click()")
-    until(driver, "drone-1's live snapshot",
-          lambda: page(driver, "return document.getElementById('snapshot').dataset.kind") == "live", rig, 30)
+    until(
+        driver,
+        "drone-1's live snapshot",
+        lambda: page(driver, "return document.getElementById('snapshot').dataset.kind") == "live",
+        rig,
+        30,
+    )
 
     # -- a SIGKILLed node turns dead (the broker publishes its will) ------------------------------------
     rig["nodes"]["drone-3"].kill()
@@ -308,33 +359,66 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
     assert page(driver, "return document.querySelector('g.drone[data-id=\"drone-3\"]').dataset.state") == "dead"
     assert any("drone-3" in e and "last will" in e for e in page(driver, EVENTS_JS))
     driver.execute_script("document.querySelector('#nodes tbody tr[data-id=\"drone-3\"]').click()")
-    until(driver, "drone-3's last boxes",
-          lambda: page(driver, "return document.getElementById('snapshot').dataset.kind") == "boxes", rig, 30)
+    until(
+        driver,
+        "drone-3's last boxes",
+        lambda: page(driver, "return document.getElementById('snapshot').dataset.kind") == "boxes",
+        rig,
+        30,
+    )
 
     # -- a rollout to drone-1 and drone-3's cohort, halted on the page ---------------------------------
     salt = cohort_salt()
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
     publish = subprocess.run(
-        [sys.executable, "-m", "edgerun", "fleet", "publish", str(v2.root), "--percent", "50", "--salt", salt,
-         "--keys", str(rig["fleet"].release_dir), "--signing-key", str(rig["key_file"]),
-         "--base", str(blazeface_bundle.root), "--mqtt", f"127.0.0.1:{broker_port}"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "edgerun",
+            "fleet",
+            "publish",
+            str(v2.root),
+            "--percent",
+            "50",
+            "--salt",
+            salt,
+            "--keys",
+            str(rig["fleet"].release_dir),
+            "--signing-key",
+            str(rig["key_file"]),
+            "--base",
+            str(blazeface_bundle.root),
+            "--mqtt",
+            f"127.0.0.1:{broker_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert publish.returncode == 0, publish.stderr
     assert "published blazeface_short v2 to 50% of the fleet" in publish.stdout
     assert "the fleet runs blazeface_short v1 on 2 node(s)" in publish.stdout  # drone-3 is dead
     until(driver, "the canary on the page", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "canary", rig)
     until(driver, "drone-1 on v2", lambda: rows(driver)["drone-1"]["model"] == "blazeface_short v2", rig, 120)
-    until(driver, "drone-2 outside the cohort",
-          lambda: any("drone-2" in e and "not_in_rollout" in e for e in page(driver, EVENTS_JS)), rig)
+    until(
+        driver,
+        "drone-2 outside the cohort",
+        lambda: any("drone-2" in e and "not_in_rollout" in e for e in page(driver, EVENTS_JS)),
+        rig,
+    )
     assert rows(driver)["drone-2"]["model"] == "blazeface_short v1"
 
     click_halt(driver)
     until(driver, "the rollout halted", lambda: (page(driver, ROLLOUT_JS) or {}).get("phase") == "halted", rig)
     assert (page(driver, ROLLOUT_JS) or {})["percent"] == 0
     assert "halted by the operator" in page(driver, ROLLOUT_JS)["text"]
-    until(driver, "the halt in the event log, with who did it",
-          lambda: any(f"halted at 0% by operator:{OPERATOR}" in e for e in page(driver, EVENTS_JS)), rig, 30)
+    until(
+        driver,
+        "the halt in the event log, with who did it",
+        lambda: any(f"halted at 0% by operator:{OPERATOR}" in e for e in page(driver, EVENTS_JS)),
+        rig,
+        30,
+    )
     time.sleep(1.0)  # a second delta would bring a duplicate (the station hears its own event on the broker)
     assert sum("halted at 0% by operator" in e for e in page(driver, EVENTS_JS)) == 1
     shot = os.environ.get("EDGERUN_STATION_SCREENSHOT")  # docs/station.md's picture: a dead node, a halted canary
@@ -342,16 +426,33 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
 
     # drone-3 is in the 50 % cohort (like drone-1, which took v2) and comes back after the halt
     rig["nodes"]["drone-3"].start()
-    until(driver, "drone-3 back and refusing the halted release",
-          lambda: any("drone-3" in e and "not_in_rollout" in e and "0%" in e for e in page(driver, EVENTS_JS)),
-          rig, 120)
+    until(
+        driver,
+        "drone-3 back and refusing the halted release",
+        lambda: any("drone-3" in e and "not_in_rollout" in e and "0%" in e for e in page(driver, EVENTS_JS)),
+        rig,
+        120,
+    )
     until(driver, "drone-3 running", lambda: rows(driver)["drone-3"]["state"] == "running", rig, 60)
     assert rows(driver)["drone-3"]["model"] == "blazeface_short v1"
     assert rows(driver)["drone-1"]["model"] == "blazeface_short v2"
 
     status = subprocess.run(
-        [sys.executable, "-m", "edgerun", "fleet", "status", "--json", "--seconds", "2.5",
-         "--mqtt", f"127.0.0.1:{broker_port}"], capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "edgerun",
+            "fleet",
+            "status",
+            "--json",
+            "--seconds",
+            "2.5",
+            "--mqtt",
+            f"127.0.0.1:{broker_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
@@ -361,15 +462,36 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
 
     # -- roll back: v1's model ships as v3 to the whole fleet ------------------------------------------
     rollback = subprocess.run(
-        [sys.executable, "-m", "edgerun", "fleet", "rollback", "--to", str(blazeface_bundle.root),
-         "--keys", str(rig["fleet"].release_dir), "--signing-key", str(rig["key_file"]),
-         "--root-key", rig["fleet"].root_pub_paths[0],
-         "--mqtt", f"127.0.0.1:{broker_port}"], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "edgerun",
+            "fleet",
+            "rollback",
+            "--to",
+            str(blazeface_bundle.root),
+            "--keys",
+            str(rig["fleet"].release_dir),
+            "--signing-key",
+            str(rig["key_file"]),
+            "--root-key",
+            rig["fleet"].root_pub_paths[0],
+            "--mqtt",
+            f"127.0.0.1:{broker_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert rollback.returncode == 0, rollback.stderr
     assert "published blazeface_short v3 (the model of v1) to 100% of the fleet" in rollback.stdout
-    until(driver, "every node on v3",
-          lambda: {r["model"] for r in rows(driver).values()} == {"blazeface_short v3"}, rig, 150)
+    until(
+        driver,
+        "every node on v3",
+        lambda: {r["model"] for r in rows(driver).values()} == {"blazeface_short v3"},
+        rig,
+        150,
+    )
     assert (page(driver, ROLLOUT_JS) or {}).get("phase") == "complete"
 
 
@@ -378,8 +500,13 @@ def log_in(driver: Any, rig: dict) -> None:
     assert driver.current_url.endswith("/login"), driver.current_url
     submit_login(driver, OPERATOR, PASSWORD)
     until(driver, "the page after logging in", lambda: driver.title == "edgerun ground station", rig, 30)
-    until(driver, "the operator's name", lambda: page(driver, "return document.getElementById('who').textContent")
-          == f"operator {OPERATOR}", rig, 30)
+    until(
+        driver,
+        "the operator's name",
+        lambda: page(driver, "return document.getElementById('who').textContent") == f"operator {OPERATOR}",
+        rig,
+        30,
+    )
 
 
 def _get_ok(driver: Any, url: str) -> bool:
@@ -398,16 +525,27 @@ def test_actions_are_refused_without_the_signing_key_or_a_confirmation(tmp_path)
     with run_mosquitto() as broker:
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-             "--bind", f"127.0.0.1:{port}"],
-            stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
+            [
+                sys.executable,
+                "-m",
+                "edgerun",
+                "station",
+                "--mqtt",
+                f"127.0.0.1:{broker.port}",
+                "--bind",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / "station.log").open("w"),
+            text=True,
         )
         try:
             assert "read-only (no --signing-key)" in proc.stdout.readline()
 
             def post(headers: dict[str, str]) -> tuple[int, dict]:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/rollouts/m/halt", data=b"{}",
-                                                 headers=headers, method="POST")
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/api/rollouts/m/halt", data=b"{}", headers=headers, method="POST"
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=10) as r:
                         return r.status, json.loads(r.read())

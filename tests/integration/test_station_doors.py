@@ -49,9 +49,20 @@ class StationProc:
         self.port = free_port()
         self.log = tmp / f"{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
-             "--bind", f"127.0.0.1:{self.port}", *extra],
-            stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+            [
+                sys.executable,
+                "-m",
+                "edgerun",
+                "station",
+                "--mqtt",
+                f"127.0.0.1:{broker_port}",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.log.open("w"),
+            text=True,
         )
         assert self.proc.stdout is not None
         self.first_line = self.proc.stdout.readline()
@@ -75,8 +86,14 @@ class Reply:
         return json.loads(self.body)
 
 
-def call(port: int, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None,
-         tls: ssl.SSLContext | None = None) -> Reply:
+def call(
+    port: int,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> Reply:
     """One request, redirects not followed; a Host in ``headers`` replaces the real one."""
     conn: http.client.HTTPConnection
     if tls is not None:
@@ -96,12 +113,19 @@ def own(station: StationProc, scheme: str = "http") -> dict[str, str]:
     return {"Host": station.host, "Origin": f"{scheme}://{station.host}"}
 
 
-def login(station: StationProc, user: str = "alice", password: str = PASSWORD,
-          tls: ssl.SSLContext | None = None) -> Reply:
+def login(
+    station: StationProc, user: str = "alice", password: str = PASSWORD, tls: ssl.SSLContext | None = None
+) -> Reply:
     scheme = "https" if tls else "http"
     form = f"user={user}&password={password.replace(' ', '+')}".encode()
-    return call(station.port, "POST", "/login", {**own(station, scheme),
-                                                 "Content-Type": "application/x-www-form-urlencoded"}, form, tls)
+    return call(
+        station.port,
+        "POST",
+        "/login",
+        {**own(station, scheme), "Content-Type": "application/x-www-form-urlencoded"},
+        form,
+        tls,
+    )
 
 
 def cookie_of(reply: Reply) -> str:
@@ -141,28 +165,59 @@ def test_a_rebinding_page_cannot_halt_a_rollout(tmp_path, blazeface_bundle):
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
     with run_mosquitto() as broker:
         mqtt = f"127.0.0.1:{broker.port}"
-        station = StationProc(tmp_path, broker.port, "--signing-key", str(key_file), "--root-key",
-                              fleet.root_pub_paths[0], "--no-auto-halt", "--allowed-host", "station.example")
+        station = StationProc(
+            tmp_path,
+            broker.port,
+            "--signing-key",
+            str(key_file),
+            "--root-key",
+            fleet.root_pub_paths[0],
+            "--no-auto-halt",
+            "--allowed-host",
+            "station.example",
+        )
         try:
             published = subprocess.run(
-                [sys.executable, "-m", "edgerun", "fleet", "publish", str(v2.root), "--percent", "10",
-                 "--keys", str(fleet.release_dir), "--signing-key", str(key_file), "--root-key",
-                 fleet.root_pub_paths[0], "--mqtt", mqtt, "--fleet-seconds", "0"],
-                capture_output=True, text=True, timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "edgerun",
+                    "fleet",
+                    "publish",
+                    str(v2.root),
+                    "--percent",
+                    "10",
+                    "--keys",
+                    str(fleet.release_dir),
+                    "--signing-key",
+                    str(key_file),
+                    "--root-key",
+                    fleet.root_pub_paths[0],
+                    "--mqtt",
+                    mqtt,
+                    "--fleet-seconds",
+                    "0",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert published.returncode == 0, published.stderr
             assert wait_for(lambda: MODEL in call(station.port, "GET", "/api/snapshot").json()["rollouts"], 30)
 
-            evil = {"Host": f"evil.example:{station.port}", "Origin": f"http://evil.example:{station.port}",
-                    "X-Edgerun-Confirm": MODEL, "Content-Type": "application/json"}
+            evil = {
+                "Host": f"evil.example:{station.port}",
+                "Origin": f"http://evil.example:{station.port}",
+                "X-Edgerun-Confirm": MODEL,
+                "Content-Type": "application/json",
+            }
             refused = call(station.port, "POST", f"/api/rollouts/{MODEL}/halt", evil, b"{}")
             assert refused.status == 403, refused.body
             assert refused.body.count(b"\n") == 0 and "evil.example" in refused.json()["error"]
             assert call(station.port, "GET", "/api/snapshot", {"Host": "evil.example"}).status == 403
             assert call(station.port, "GET", "/", {"Host": f"evil.example:{station.port}"}).status == 403
             # the right Host with a foreign Origin (a cross-site page on a name the station answers to)
-            cross = call(station.port, "POST", f"/api/rollouts/{MODEL}/halt",
-                         {**evil, "Host": station.host}, b"{}")
+            cross = call(station.port, "POST", f"/api/rollouts/{MODEL}/halt", {**evil, "Host": station.host}, b"{}")
             assert cross.status == 403 and "origin" in cross.json()["error"]
             time.sleep(1.5)  # the canary watch would have seen a halt by now
             assert retained_percent(broker.port) == 10
@@ -173,8 +228,13 @@ def test_a_rebinding_page_cannot_halt_a_rollout(tmp_path, blazeface_bundle):
             named = call(station.port, "GET", "/api/session", {"Host": f"station.example:{station.port}"})
             assert named.status == 200 and named.json()["can_act"] is True
             # the same halt from the station's own page goes through
-            done = call(station.port, "POST", f"/api/rollouts/{MODEL}/halt",
-                        {**own(station), "X-Edgerun-Confirm": MODEL, "Content-Type": "application/json"}, b"{}")
+            done = call(
+                station.port,
+                "POST",
+                f"/api/rollouts/{MODEL}/halt",
+                {**own(station), "X-Edgerun-Confirm": MODEL, "Content-Type": "application/json"},
+                b"{}",
+            )
             assert done.status == 200, done.body
             assert retained_percent(broker.port) == 0
         finally:
@@ -220,11 +280,21 @@ def test_login_is_required_and_every_post_needs_the_csrf_token(tmp_path, users_f
             # a valid cookie without the token, or with another one, is refused before the action is looked at
             no_token = call(station.port, "POST", "/api/rollouts/m/halt", {**halt, "Cookie": cookie}, b"{}")
             assert no_token.status == 403 and "X-CSRF-Token" in no_token.json()["error"]
-            bad_token = call(station.port, "POST", "/api/rollouts/m/halt",
-                             {**halt, "Cookie": cookie, "X-CSRF-Token": "x" * 43}, b"{}")
+            bad_token = call(
+                station.port,
+                "POST",
+                "/api/rollouts/m/halt",
+                {**halt, "Cookie": cookie, "X-CSRF-Token": "x" * 43},
+                b"{}",
+            )
             assert bad_token.status == 403 and "X-CSRF-Token" in bad_token.json()["error"]
-            with_token = call(station.port, "POST", "/api/rollouts/m/halt",
-                              {**halt, "Cookie": cookie, "X-CSRF-Token": session["csrf"]}, b"{}")
+            with_token = call(
+                station.port,
+                "POST",
+                "/api/rollouts/m/halt",
+                {**halt, "Cookie": cookie, "X-CSRF-Token": session["csrf"]},
+                b"{}",
+            )
             assert with_token.status == 403 and "read-only" in with_token.json()["error"]  # no --signing-key
 
             texts = events(station, cookie)
@@ -234,8 +304,9 @@ def test_login_is_required_and_every_post_needs_the_csrf_token(tmp_path, users_f
 
             # logging out ends the session on the station, not only in the browser
             assert call(station.port, "POST", "/logout", {**own(station), "Cookie": cookie}).status == 403
-            out = call(station.port, "POST", "/logout",
-                       {**own(station), "Cookie": cookie, "X-CSRF-Token": session["csrf"]})
+            out = call(
+                station.port, "POST", "/logout", {**own(station), "Cookie": cookie, "X-CSRF-Token": session["csrf"]}
+            )
             assert out.status == 200
             assert call(station.port, "GET", "/api/session", {"Cookie": cookie}).status == 401
 
@@ -260,8 +331,9 @@ def test_public_view_opens_reading_only(tmp_path, users_file):
             info = call(with_users.port, "GET", "/api/session").json()
             assert info == {"login": True, "user": None, "csrf": None, "can_act": False}
             halt = {"X-Edgerun-Confirm": "m", "Content-Type": "application/json"}
-            assert call(with_users.port, "POST", "/api/rollouts/m/halt", {**own(with_users), **halt},
-                        b"{}").status == 401
+            assert (
+                call(with_users.port, "POST", "/api/rollouts/m/halt", {**own(with_users), **halt}, b"{}").status == 401
+            )
 
             assert "view only" in no_users.first_line
             assert call(no_users.port, "GET", "/api/snapshot").status == 200
@@ -279,14 +351,36 @@ def test_public_view_opens_reading_only(tmp_path, users_file):
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl CLI is not installed")
 def test_the_station_serves_https_with_a_secure_cookie(tmp_path, users_file):
     cert, key = tmp_path / "station.crt", tmp_path / "station.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True,
-                   timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     tls = ssl.create_default_context(cafile=str(cert))
     with run_mosquitto() as broker:
-        station = StationProc(tmp_path, broker.port, "--users", str(users_file), "--tls-cert", str(cert),
-                              "--tls-key", str(key))
+        station = StationProc(
+            tmp_path, broker.port, "--users", str(users_file), "--tls-cert", str(cert), "--tls-key", str(key)
+        )
         try:
             assert station.first_line.startswith(f"station: https://127.0.0.1:{station.port}/")
             ok = login(station, tls=tls)
@@ -366,8 +460,18 @@ def advertise(broker_port: int, nodes: dict[str, str]) -> None:
     client.loop_start()
     try:
         for node, address in nodes.items():
-            summary = {"model": MODEL, "model_version": 1, "engine": "tflite", "state": "running", "frames": 10,
-                       "detections": 5, "fps": 5.0, "latency_p99_ms": 30.0, "dropped": 0, "http": address}
+            summary = {
+                "model": MODEL,
+                "model_version": 1,
+                "engine": "tflite",
+                "state": "running",
+                "frames": 10,
+                "detections": 5,
+                "fps": 5.0,
+                "latency_p99_ms": 30.0,
+                "dropped": 0,
+                "http": address,
+            }
             doc = {"schema": "edgerun.metrics/1", "node": node, "ts": time.time(), "summary": summary}
             client.publish(f"edgerun/{node}/metrics", json.dumps(doc), qos=1).wait_for_publish(10)
     finally:
@@ -392,9 +496,9 @@ def test_snapshots_are_fetched_only_from_allowed_node_addresses(tmp_path):
     advertised["planted"] = planted.address  # outside --node-net
     advertised["named"] = f"localhost:{planted.server_address[1]}"  # a name, not an IP literal
     with run_mosquitto() as broker:
-        station = StationProc(tmp_path, broker.port, "--node-net", "127.0.0.2/32",
-                              "--snapshot-token-file", str(token))
+        station = StationProc(tmp_path, broker.port, "--node-net", "127.0.0.2/32", "--snapshot-token-file", str(token))
         try:
+
             def known() -> bool:
                 advertise(broker.port, advertised)
                 nodes = call(station.port, "GET", "/api/snapshot").json()["nodes"]
@@ -428,8 +532,10 @@ def test_snapshots_are_fetched_only_from_allowed_node_addresses(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
-                    reason="Debian's chromium and chromium-driver are not installed")
+@pytest.mark.skipif(
+    not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
+    reason="Debian's chromium and chromium-driver are not installed",
+)
 def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, browser):  # noqa: F811
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -449,8 +555,9 @@ def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, 
             submit_login(driver, "alice", PASSWORD)
             assert wait_for(lambda: driver.title == "edgerun ground station", 15), driver.page_source[:500]
             assert wait_for(lambda: text_of(driver, "who") == "operator alice", 15)
-            assert wait_for(lambda: f"mqtt://127.0.0.1:{broker.port}" in (text_of(driver, "summary") or ""),
-                            15)  # the stream is up: the snapshot reached the page
+            assert wait_for(
+                lambda: f"mqtt://127.0.0.1:{broker.port}" in (text_of(driver, "summary") or ""), 15
+            )  # the stream is up: the snapshot reached the page
             assert driver.execute_script("return document.cookie") == ""  # HttpOnly: scripts cannot read it
             WebDriverWait(driver, 15).until(expected_conditions.element_to_be_clickable((By.ID, "logout"))).click()
             assert wait_for(lambda: driver.current_url.endswith("/login"), 15)
@@ -461,16 +568,23 @@ def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, 
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
-                    reason="Debian's chromium and chromium-driver are not installed")
+@pytest.mark.skipif(
+    not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
+    reason="Debian's chromium and chromium-driver are not installed",
+)
 def test_a_browser_on_a_rebound_name_gets_no_page(tmp_path):
     """Chromium resolves evil.example to 127.0.0.1 (what a rebinding DNS server does): the station refuses it."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--host-resolver-rules=MAP evil.example 127.0.0.1"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--host-resolver-rules=MAP evil.example 127.0.0.1",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     with run_mosquitto() as broker:

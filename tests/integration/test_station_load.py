@@ -39,15 +39,27 @@ pytestmark = [
 
 def detections(node: str, seq: int, t: float) -> bytes:
     angle = seq / FPS * 0.2 + hash(node) % 360
-    return json.dumps({
-        "schema": "edgerun.detections/1", "node": node, "seq": seq, "ts": t,
-        "frame": {"width": 640, "height": 480, "source": "replay"},
-        "model": {"name": "blazeface_short", "version": 1, "engine": "tflite"}, "latency_ms": 20.0,
-        "pose": {"east_m": 100 + 80 * math.cos(angle) + int(node[1:]) % 10 * 8, "north_m": 100 + 80 * math.sin(angle),
-                 "up_m": 20.0, "yaw_deg": math.degrees(angle) % 360, "pitch_deg": 0.0, "roll_deg": 0.0,
-                 "hfov_deg": 60.0},
-        "detections": [{"label": "face", "class_id": 0, "score": 0.8, "box": [100, 100, 160, 170]}],
-    }).encode()
+    return json.dumps(
+        {
+            "schema": "edgerun.detections/1",
+            "node": node,
+            "seq": seq,
+            "ts": t,
+            "frame": {"width": 640, "height": 480, "source": "replay"},
+            "model": {"name": "blazeface_short", "version": 1, "engine": "tflite"},
+            "latency_ms": 20.0,
+            "pose": {
+                "east_m": 100 + 80 * math.cos(angle) + int(node[1:]) % 10 * 8,
+                "north_m": 100 + 80 * math.sin(angle),
+                "up_m": 20.0,
+                "yaw_deg": math.degrees(angle) % 360,
+                "pitch_deg": 0.0,
+                "roll_deg": 0.0,
+                "hfov_deg": 60.0,
+            },
+            "detections": [{"label": "face", "class_id": 0, "score": 0.8, "box": [100, 100, 160, 170]}],
+        }
+    ).encode()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -94,9 +106,19 @@ def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_pat
     with run_mosquitto() as broker:
         port = free_port()
         station = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-             "--bind", f"127.0.0.1:{port}"],
-            stdout=subprocess.PIPE, stderr=(tmp_path / "station.log").open("w"), text=True,
+            [
+                sys.executable,
+                "-m",
+                "edgerun",
+                "station",
+                "--mqtt",
+                f"127.0.0.1:{broker.port}",
+                "--bind",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / "station.log").open("w"),
+            text=True,
         )
         try:
             assert "station: http://127.0.0.1:" in station.stdout.readline()
@@ -119,11 +141,21 @@ def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_pat
                 if seq % int(FPS) == 0:
                     for node in nodes:
                         client.publish(f"edgerun/{node}/status", "online", qos=1, retain=True)
-                        summary = {"model": "blazeface_short", "model_version": 1, "engine": "tflite",
-                                   "state": "running", "frames": seq, "detections": seq, "fps": FPS,
-                                   "latency_p99_ms": 30.0, "dropped": 0}
-                        client.publish(f"edgerun/{node}/metrics", json.dumps(
-                            {"schema": "edgerun.metrics/1", "node": node, "ts": now, "summary": summary}))
+                        summary = {
+                            "model": "blazeface_short",
+                            "model_version": 1,
+                            "engine": "tflite",
+                            "state": "running",
+                            "frames": seq,
+                            "detections": seq,
+                            "fps": FPS,
+                            "latency_p99_ms": 30.0,
+                            "dropped": 0,
+                        }
+                        client.publish(
+                            f"edgerun/{node}/metrics",
+                            json.dumps({"schema": "edgerun.metrics/1", "node": node, "ts": now, "summary": summary}),
+                        )
                 seq += 1
                 time.sleep(max(0.0, t0 + seq / FPS - time.monotonic()))
             elapsed = time.monotonic() - t0
@@ -136,16 +168,23 @@ def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_pat
             # every node reached the stream, none more often than the station's tick allows
             assert set(counter.updates) == set(nodes)
             # updates per second of the station's own clock, over each node's first to last update
-            per_node_rate = max(n / (counter.seen_at[k][1] - counter.seen_at[k][0] + TICK_S)
-                                for k, n in counter.updates.items())
+            per_node_rate = max(
+                n / (counter.seen_at[k][1] - counter.seen_at[k][0] + TICK_S) for k, n in counter.updates.items()
+            )
             assert per_node_rate <= 1.0 / TICK_S + 0.5, counter.updates.most_common(3)
 
             driver = browser
             driver.get(f"http://127.0.0.1:{port}/")
-            assert wait_for(lambda: driver.execute_script(
-                "return document.querySelectorAll('#nodes tbody tr[data-id]').length") == N_NODES, 30)
-            assert wait_for(lambda: driver.execute_script(
-                "return document.querySelectorAll('g.drone').length") == N_NODES, 30)
+            assert wait_for(
+                lambda: (
+                    driver.execute_script("return document.querySelectorAll('#nodes tbody tr[data-id]').length")
+                    == N_NODES
+                ),
+                30,
+            )
+            assert wait_for(
+                lambda: driver.execute_script("return document.querySelectorAll('g.drone').length") == N_NODES, 30
+            )
             render_ms = driver.execute_script("""
                 const t0 = performance.now(); renderMap(); renderNodes(); renderHeader();
                 return performance.now() - t0;""")
@@ -156,15 +195,26 @@ def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_pat
             broker.start()
             assert wait_for(lambda: not driver.find_element("id", "banner").is_displayed(), 30)
             events = driver.execute_script(
-                "return [...document.querySelectorAll('#events tbody tr')].map(r => r.textContent);")
+                "return [...document.querySelectorAll('#events tbody tr')].map(r => r.textContent);"
+            )
             assert any("lost the broker" in e for e in events) and any("connected to the broker" in e for e in events)
 
             out = Path(os.environ.get("EDGERUN_STATION_BENCH") or tmp_path / "station-load.json")
-            out.write_text(json.dumps({
-                "nodes": N_NODES, "fps_per_node": FPS, "messages_sent": sent, "seconds": round(elapsed, 2),
-                "deltas": counter.deltas, "max_updates_per_node_s": round(per_node_rate, 2),
-                "page_render_ms": round(render_ms, 1), "station_cpu_percent_of_one_core": round(100 * station_cpu, 1),
-            }, indent=2))
+            out.write_text(
+                json.dumps(
+                    {
+                        "nodes": N_NODES,
+                        "fps_per_node": FPS,
+                        "messages_sent": sent,
+                        "seconds": round(elapsed, 2),
+                        "deltas": counter.deltas,
+                        "max_updates_per_node_s": round(per_node_rate, 2),
+                        "page_render_ms": round(render_ms, 1),
+                        "station_cpu_percent_of_one_core": round(100 * station_cpu, 1),
+                    },
+                    indent=2,
+                )
+            )
         finally:
             station.terminate()
             station.wait(10)

@@ -22,8 +22,14 @@ from swarm.membership import MemberEvent, MemberState, UserBroadcast
 REPO = Path(__file__).resolve().parents[2]
 # memberlist's LAN timing scaled down about 5x so the test runs in seconds.
 FAST = {
-    "probe_interval_s": 0.2, "probe_timeout_s": 0.1, "gossip_interval_s": 0.05, "suspicion_mult": 3,
-    "push_pull_interval_s": 2.0, "join_retry_s": 0.3, "tcp_timeout_s": 1.0, "gossip_to_the_dead_s": 5.0,
+    "probe_interval_s": 0.2,
+    "probe_timeout_s": 0.1,
+    "gossip_interval_s": 0.05,
+    "suspicion_mult": 3,
+    "push_pull_interval_s": 2.0,
+    "join_retry_s": 0.3,
+    "tcp_timeout_s": 1.0,
+    "gossip_to_the_dead_s": 5.0,
 }
 
 pytestmark = pytest.mark.timeout(180)
@@ -40,8 +46,19 @@ class Agent:
         self.reader: asyncio.Task | None = None
 
     async def start(self, key_file: Path, seeds: list[tuple[str, int]], port: int = 0) -> None:
-        argv = [sys.executable, "-m", "swarm.agent", "--name", self.name, "--bind", f"127.0.0.1:{port}",
-                "--key", str(key_file), "--timing", json.dumps(FAST)]
+        argv = [
+            sys.executable,
+            "-m",
+            "swarm.agent",
+            "--name",
+            self.name,
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--key",
+            str(key_file),
+            "--timing",
+            json.dumps(FAST),
+        ]
         for host, seed_port in seeds:
             argv += ["--seed", f"{host}:{seed_port}"]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -168,8 +185,7 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
         old, new = generate_key(), generate_key()
         first = SwarmAgent("a0", ("127.0.0.1", 0), timing, Keyring([old]), meta=b"m0")
         seed = await first.start()
-        agents = [first] + [SwarmAgent(f"a{i}", ("127.0.0.1", 0), timing, Keyring([old]), seeds=[seed])
-                            for i in (1, 2)]
+        agents = [first] + [SwarmAgent(f"a{i}", ("127.0.0.1", 0), timing, Keyring([old]), seeds=[seed]) for i in (1, 2)]
         events: dict[str, list] = {a.name: [] for a in agents}
         for agent in agents:
             agent.on_event(events[agent.name].append)
@@ -186,8 +202,9 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
             agents[1].queue_broadcast(b"claim", b"payload-1")
 
             def delivered(name: str, payload: bytes) -> bool:
-                return any(isinstance(e, UserBroadcast) and e.payload == payload and e.sender == "a1"
-                           for e in events[name])
+                return any(
+                    isinstance(e, UserBroadcast) and e.payload == payload and e.sender == "a1" for e in events[name]
+                )
 
             await until(lambda: delivered("a0", b"payload-1") and delivered("a2", b"payload-1"), 20)
 
@@ -210,8 +227,12 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
             assert "x" not in {m.name for m in agents[0].members()}
 
             await agents[2].stop(leave=True)
-            await until(lambda: any(isinstance(e, MemberEvent) and e.kind == "leave" and e.member.name == "a2"
-                                    for e in events["a0"]), 20)
+            await until(
+                lambda: any(
+                    isinstance(e, MemberEvent) and e.kind == "leave" and e.member.name == "a2" for e in events["a0"]
+                ),
+                20,
+            )
             stats = agents[0].stats
             assert stats["bytes_out"] > 0 and stats["bytes_in"] > 0
         finally:
@@ -225,8 +246,13 @@ def test_agent_with_a_bad_key_file_exits_2_with_one_line(tmp_path):
     bad = tmp_path / "swarm.key"
     bad.write_text("not-a-key\n")
     for key_file, message in ((tmp_path / "missing.key", "not found"), (bad, ":1: not a base64 key")):
-        proc = subprocess.run([sys.executable, "-m", "swarm.agent", "--name", "n0", "--bind", "127.0.0.1:0",
-                               "--key", str(key_file)], capture_output=True, text=True, cwd=REPO, timeout=30)
+        proc = subprocess.run(
+            [sys.executable, "-m", "swarm.agent", "--name", "n0", "--bind", "127.0.0.1:0", "--key", str(key_file)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+        )
         assert proc.returncode == 2
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"swarm.agent: {key_file}") and message in lines[0]

@@ -15,15 +15,23 @@ from hil.swarm_bench import METRICS, format_table, ratios, run_swarm_bench
 from swarm.suspicion import suspicion_timeout
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = {"probe_interval_s": 0.2, "probe_timeout_s": 0.1, "gossip_interval_s": 0.05, "suspicion_mult": 3,
-        "push_pull_interval_s": 2.0, "join_retry_s": 0.3, "tcp_timeout_s": 1.0}
+FAST = {
+    "probe_interval_s": 0.2,
+    "probe_timeout_s": 0.1,
+    "gossip_interval_s": 0.05,
+    "suspicion_mult": 3,
+    "push_pull_interval_s": 2.0,
+    "join_retry_s": 0.3,
+    "tcp_timeout_s": 1.0,
+}
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_short_bench_measures_both_sides_and_tears_down():
-    result = run_swarm_bench(4, 0.0, 1.0, timing=FAST, with_serf=shutil.which("serf") is not None,
-                             join_timeout_s=30, detect_timeout_s=30)
+    result = run_swarm_bench(
+        4, 0.0, 1.0, timing=FAST, with_serf=shutil.which("serf") is not None, join_timeout_s=30, detect_timeout_s=30
+    )
     ours = result["edgerun"]
     assert set(ours) == set(METRICS)
     assert ours["full_membership_s"] is not None and ours["detect_max_s"] is not None
@@ -42,27 +50,34 @@ def test_short_bench_measures_both_sides_and_tears_down():
 
 
 def test_ratios_skip_missing_and_zero_anchors():
-    got = ratios({"full_membership_s": 1.0, "false_deaths": 0, "suspicions": 3},
-                 {"full_membership_s": 2.0, "false_deaths": 0, "suspicions": None})
+    got = ratios(
+        {"full_membership_s": 1.0, "false_deaths": 0, "suspicions": 3},
+        {"full_membership_s": 2.0, "false_deaths": 0, "suspicions": None},
+    )
     assert got["full_membership_s"] == 0.5 and got["false_deaths"] is None and got["suspicions"] is None
 
 
 def test_cli_rejects_bad_arguments_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hil", "swarm-bench", "--nodes", "2", "--json",
-                           str(tmp_path / "x.json")], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hil", "swarm-bench", "--nodes", "2", "--json", str(tmp_path / "x.json")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("hil swarm-bench: swarm-bench needs at least 3 nodes")
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()
-    proc = subprocess.run([sys.executable, "-m", "hil", "swarm-bench", "--timing", "[1]"], capture_output=True,
-                          text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hil", "swarm-bench", "--timing", "[1]"], capture_output=True, text=True, cwd=REPO
+    )
     assert proc.returncode == 2 and "--timing must be a JSON object" in proc.stderr
 
 
-
 def test_loopback_fallback_uses_transport_loss_and_says_so():
-    result = run_swarm_bench(3, 0.1, 1.0, timing=FAST, with_serf=False, force_loopback=True,
-                             join_timeout_s=30, detect_timeout_s=30)
+    result = run_swarm_bench(
+        3, 0.1, 1.0, timing=FAST, with_serf=False, force_loopback=True, join_timeout_s=30, detect_timeout_s=30
+    )
     assert result["mode"] == "loopback" and result["impairment"] == "transport receive loss"
     assert any("loopback with the transport's own loss injection" in note for note in result["notes"])
     ours = result["edgerun"]

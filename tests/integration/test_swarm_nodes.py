@@ -107,7 +107,9 @@ def test_members_converge_with_their_metadata(swarm):
     # The operator's command prints the same view from the node's config.
     out = subprocess.run(
         [sys.executable, "-m", "edgerun", "swarm", "members", "--config", str(crew[0].out_dir / "node.toml")],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines()[1:]]
@@ -140,8 +142,9 @@ def test_a_face_seen_by_several_drones_is_reported_once(swarm):
                 if row.get("schema") != "edgerun.detections/1" or not row["detections"]:
                     continue
                 p = row["pose"]
-                cam = CameraPose(p["east_m"], p["north_m"], p["up_m"], p["yaw_deg"], p["pitch_deg"], p["roll_deg"],
-                                 p["hfov_deg"])
+                cam = CameraPose(
+                    p["east_m"], p["north_m"], p["up_m"], p["yaw_deg"], p["pitch_deg"], p["roll_deg"], p["hfov_deg"]
+                )
                 fixes = project_boxes(np.array([d["box"] for d in row["detections"]]), cam, 640, 480)
                 for east, north, _ in fixes:
                     dist = np.hypot(truth[:, 0] - east, truth[:, 1] - north)
@@ -184,13 +187,14 @@ def test_a_killed_drone_is_declared_dead_and_rejoins_with_a_higher_incarnation(s
     victim.log_file = (victim.out_dir / "node2.log").open("wb")
     victim.proc = subprocess.Popen(
         [sys.executable, "-m", "edgerun", "run", "-c", str(victim.out_dir / "node.toml"), "--seconds", "60"],
-        stdout=subprocess.DEVNULL, stderr=victim.log_file, env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=victim.log_file,
+        env=dict(os.environ),
     )
 
     def rejoined() -> bool:
         return all(
-            states(healthz(p)).get("drone-3", ("", 0))[0] == "alive"
-            and states(healthz(p))["drone-3"][1] > before
+            states(healthz(p)).get("drone-3", ("", 0))[0] == "alive" and states(healthz(p))["drone-3"][1] > before
             for p in survivors
         )
 
@@ -208,7 +212,9 @@ def test_a_bad_swarm_key_file_is_one_line_and_exit_2(tmp_path):
         cfg.write_text(f'[swarm]\nenabled = true\nkey_file = "{key}"\n[sinks.jsonl]\npath = "{tmp_path}/d.jsonl"\n')
         proc = subprocess.run(
             [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, proc.stderr
@@ -223,7 +229,9 @@ def test_swarm_timing_the_protocol_cannot_run_with_is_a_config_error(tmp_path):
     cfg.write_text(f'[swarm]\nenabled = true\nkey_file = "{key}"\n[swarm.timing]\nprobe_interval_s = 0.3\n')
     proc = subprocess.run(
         [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (
@@ -246,7 +254,9 @@ def test_a_taken_swarm_port_is_one_line_and_exit_1(tmp_path):
         )
         proc = subprocess.run(
             [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "5"],
-            capture_output=True, text=True, timeout=90,
+            capture_output=True,
+            text=True,
+            timeout=90,
         )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -154,8 +154,20 @@ def test_agent_process_memory_stays_flat_under_unauthenticated_floods(tmp_path):
         Keyring([generate_key()]).save(key_file)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "swarm.agent", "--name", "n0", "--bind", "127.0.0.1:0", "--key", str(key_file),
-            "--timing", json.dumps({"tcp_timeout_s": 10.0}), stdout=asyncio.subprocess.PIPE, env=env, cwd=REPO,
+            sys.executable,
+            "-m",
+            "swarm.agent",
+            "--name",
+            "n0",
+            "--bind",
+            "127.0.0.1:0",
+            "--key",
+            str(key_file),
+            "--timing",
+            json.dumps({"tcp_timeout_s": 10.0}),
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=REPO,
         )
         assert proc.stdout is not None
         try:
@@ -168,8 +180,10 @@ def test_agent_process_memory_stays_flat_under_unauthenticated_floods(tmp_path):
             after = _rss_kib(proc.pid)
             proc.send_signal(signal.SIGUSR1)
             stats = json.loads(await asyncio.wait_for(proc.stdout.readline(), 10))
-            print(f"agent RSS {before} KiB -> {after} KiB; stats dropped={stats['dropped']}"
-                  f" unauth_buffered_peak={stats['unauth_buffered_peak']}")
+            print(
+                f"agent RSS {before} KiB -> {after} KiB; stats dropped={stats['dropped']}"
+                f" unauth_buffered_peak={stats['unauth_buffered_peak']}"
+            )
             assert stats["dropped"].get("unauth_budget") == ATTACKERS
             assert stats["unauth_buffered_peak"] <= UNAUTH_BUDGET_BYTES
             assert after - before < 20 * 1024, (before, after)  # was ~+116 MiB when each stranger got 4 MiB

@@ -19,6 +19,11 @@ def released(tmp_path_factory, blazeface_bundle):
     v2 = head_variant(blazeface_bundle, tmp / "v2", 2)
     release = fleet.publish(v2, spec=ReleaseSpec(rollout_percent=10.0, rollout_salt="canary-salt"))
     d = fleet.release_dir
-    offer = Offer("test", release.manifest_bytes, (release.directory / "manifest.json.minisig").read_text(),
-                  (d / "keys.json").read_bytes(), (d / "keys.json.minisig").read_text())
+    offer = Offer(
+        "test",
+        release.manifest_bytes,
+        (release.directory / "manifest.json.minisig").read_text(),
+        (d / "keys.json").read_bytes(),
+        (d / "keys.json.minisig").read_text(),
+    )
     return fleet, offer

@@ -198,17 +198,20 @@ def test_pose_detector_finds_the_cameraman(pose_decoder, cameraman_pose):
 def test_no_detections_on_an_empty_scene(kind, pose_engine, pose_decoder, face_engine, face_decoder):
     rng = np.random.default_rng(7)
     image = (
-        np.full((480, 640, 3), 128, np.uint8)
-        if kind == "gray"
-        else rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+        np.full((480, 640, 3), 128, np.uint8) if kind == "gray" else rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
     )
     for engine, decoder in ((pose_engine, pose_decoder), (face_engine, face_decoder)):
         outputs, _ = run_model(engine, image)
         det = decoder.decode(outputs)
         assert len(det) == 0
-        assert det.boxes.shape == (0, 4) and det.keypoints is not None and det.keypoints.shape[1:] == (
-            decoder.num_keypoints,
-            2,
+        assert (
+            det.boxes.shape == (0, 4)
+            and det.keypoints is not None
+            and det.keypoints.shape[1:]
+            == (
+                decoder.num_keypoints,
+                2,
+            )
         )
 
 

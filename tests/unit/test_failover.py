@@ -268,7 +268,10 @@ def test_edgetpu_without_libedgetpu_falls_back_at_open(tmp_path, blazeface_bundl
     shutil.copy(root / "model.tflite", root / "model_edgetpu.tflite")
     health, events = Health(), []
     failover = open_failover(
-        _config(tmp_path, ["edgetpu"]), load_bundle(root), (640, 480), health=health,
+        _config(tmp_path, ["edgetpu"]),
+        load_bundle(root),
+        (640, 480),
+        health=health,
         on_event=lambda k, d: events.append((k, d)),
     )
     try:
@@ -390,7 +393,10 @@ def test_a_second_failover_takes_over_the_pipeline_as_an_ota_swap_does(tmp_path,
     first.rec.wait_for_engine("accel", since=0.0)
     # A new model's failover opens beside the running one (same state directory)...
     second = accel_failover(
-        blazeface_bundle, FaultPlan(), (photo.shape[1], photo.shape[0]), FailoverSettings(),
+        blazeface_bundle,
+        FaultPlan(),
+        (photo.shape[1], photo.shape[0]),
+        FailoverSettings(),
         crumbs=Breadcrumbs.shared(tmp_path),
     )
     runtime = second.start()
@@ -401,9 +407,7 @@ def test_a_second_failover_takes_over_the_pipeline_as_an_ota_swap_does(tmp_path,
     assert first.serving.owner is second
     t_swap = time.monotonic()
     end = time.monotonic() + WAIT_S
-    while time.monotonic() < end and not any(
-        b.engine == "accel" and ts > t_swap for ts, b in first.rec.batches[-5:]
-    ):
+    while time.monotonic() < end and not any(b.engine == "accel" and ts > t_swap for ts, b in first.rec.batches[-5:]):
         time.sleep(0.02)
     # The old failover no longer touches the pipeline, whatever it decides: the controller refuses it.
     fallback = first.failover.candidates[1]

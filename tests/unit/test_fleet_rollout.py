@@ -52,8 +52,22 @@ def test_cohort_sizes_follow_the_percentage_and_salts_reshuffle():
 def test_the_cohort_hash_is_stable_across_versions():
     """Nodes and stations of different releases must agree on who is in a cohort: the hash is pinned."""
     ten = [n for n in NODES[:100] if cohort_position("s", n) < 10]
-    assert ten == ["drone-13", "drone-21", "drone-23", "drone-24", "drone-25", "drone-39", "drone-44",
-                   "drone-52", "drone-55", "drone-56", "drone-64", "drone-68", "drone-86", "drone-98"]
+    assert ten == [
+        "drone-13",
+        "drone-21",
+        "drone-23",
+        "drone-24",
+        "drone-25",
+        "drone-39",
+        "drone-44",
+        "drone-52",
+        "drone-55",
+        "drone-56",
+        "drone-64",
+        "drone-68",
+        "drone-86",
+        "drone-98",
+    ]
     assert [n for n in NODES[:100] if _in(10, "s", n)] == ten
 
 
@@ -86,8 +100,13 @@ def test_a_step_signed_by_another_key_is_refused_by_nodes_and_by_the_station(rel
         check_signing_key(offer, stranger)
     check_signing_key(offer, fleet.release_keys[0])
     # a percent edited into the signed manifest breaks its signature
-    tampered = Offer(offer.source, offer.manifest.replace(b'"percent":10.0', b'"percent":100.0'), offer.manifest_sig,
-                     offer.keys, offer.keys_sig)
+    tampered = Offer(
+        offer.source,
+        offer.manifest.replace(b'"percent":10.0', b'"percent":100.0'),
+        offer.manifest_sig,
+        offer.keys,
+        offer.keys_sig,
+    )
     assert tampered.manifest != offer.manifest
     with pytest.raises(Rejected) as err:
         _verify(fleet, tampered)
@@ -102,8 +121,17 @@ def test_resign_refuses_a_bad_percent(released):
 
 def test_rollout_state_round_trips_and_a_forgery_is_not_verified():
     key, other = SecretKey.generate(), SecretKey.generate()
-    state = RolloutState(model="m", version=3, percent=10.0, salt="s", phase="halted", reason="fps regression",
-                         by="auto", ts=time.time(), base_version=2)
+    state = RolloutState(
+        model="m",
+        version=3,
+        percent=10.0,
+        salt="s",
+        phase="halted",
+        reason="fps regression",
+        by="auto",
+        ts=time.time(),
+        base_version=2,
+    )
     payload = encode_state(state, key)
     trusted = {key.public_key.id_hex: key.public_key}
     signed = decode_state(payload, trusted)
@@ -124,10 +152,24 @@ def test_rollout_state_round_trips_and_a_forgery_is_not_verified():
 NOW = 1_800_000_000.0
 
 
-def node(name: str, version: int, fps: float | None = 10.0, rate: float | None = 0.5, outcome: str | None = None,
-         status: str = "online") -> NodeView:
-    n = NodeView(name, status=status, health="running", model="m", model_version=version, fps=fps,
-                 detection_rate=rate, last_seen=NOW)
+def node(
+    name: str,
+    version: int,
+    fps: float | None = 10.0,
+    rate: float | None = 0.5,
+    outcome: str | None = None,
+    status: str = "online",
+) -> NodeView:
+    n = NodeView(
+        name,
+        status=status,
+        health="running",
+        model="m",
+        model_version=version,
+        fps=fps,
+        detection_rate=rate,
+        last_seen=NOW,
+    )
     if outcome:
         n.ota_outcomes[2] = outcome
     return n
@@ -192,8 +234,18 @@ def test_a_release_that_will_not_warm_up_counts_and_a_dropped_download_does_not(
 
     m = FleetModel()
     for name, step, code in (("a", "rejected", "warmup_failed"), ("b", "failed", None), ("c", "committed", None)):
-        m.ingest(f"edgerun/{name}/metrics", json.dumps({"schema": "edgerun.metrics/1", "node": name, "ts": NOW,
-                 "summary": {"model": "m", "model_version": 2 if step == "committed" else 1}}).encode(), NOW)
+        m.ingest(
+            f"edgerun/{name}/metrics",
+            json.dumps(
+                {
+                    "schema": "edgerun.metrics/1",
+                    "node": name,
+                    "ts": NOW,
+                    "summary": {"model": "m", "model_version": 2 if step == "committed" else 1},
+                }
+            ).encode(),
+            NOW,
+        )
         event = {"schema": "edgerun.event/1", "node": name, "kind": "ota", "step": step, "version": 2}
         if code:
             event["code"] = code
@@ -205,8 +257,13 @@ def test_a_release_that_will_not_warm_up_counts_and_a_dropped_download_does_not(
 
 def test_a_deeply_nested_rollout_message_is_a_value_error():
     deep = b"[" * 5000 + b"]" * 5000
-    env = json.dumps({"schema": "edgerun.rollout/1", "state": base64.b64encode(deep).decode(),
-                      "sig": SecretKey.generate().sign(deep).to_text()}).encode()
+    env = json.dumps(
+        {
+            "schema": "edgerun.rollout/1",
+            "state": base64.b64encode(deep).decode(),
+            "sig": SecretKey.generate().sign(deep).to_text(),
+        }
+    ).encode()
     with pytest.raises(ValueError):
         decode_state(env)
     with pytest.raises(ValueError):

@@ -28,12 +28,18 @@ from tests.unit.test_ota_release import Fleet
 def control(tmp_path):
     """The server on a real node that is not built (no pipeline runs): its source and updater are made by hand."""
     fleet = Fleet(tmp_path / "fleet")
-    cfg = parse_config({
-        "node": {"id": "n1"},
-        "source": {"kind": "replay", "replay": {"width": 160, "height": 120}},
-        "ota": {"enabled": True, "state_dir": str(tmp_path / "state"), "root_keys": fleet.root_pub_paths,
-                "watch_dir": str(fleet.release_dir)},
-    })
+    cfg = parse_config(
+        {
+            "node": {"id": "n1"},
+            "source": {"kind": "replay", "replay": {"width": 160, "height": 120}},
+            "ota": {
+                "enabled": True,
+                "state_dir": str(tmp_path / "state"),
+                "root_keys": fleet.root_pub_paths,
+                "watch_dir": str(fleet.release_dir),
+            },
+        }
+    )
     node = Node(cfg)
     node.source = source = ReplaySource(cfg.source.replay)
     node.updater = Updater(node, cfg.ota)
@@ -116,8 +122,9 @@ def test_the_socket_answers_one_json_line_and_refuses_garbage(control):
         await server.start()
         try:
             assert oct(server.path.stat().st_mode & 0o777) == "0o600"
-            return [await exchange(p) for p in (b'{"cmd": "ping"}\n', b"not json\n", b"[1, 2]\n",
-                                                  b'{"cmd": "camera"}\n')]
+            return [
+                await exchange(p) for p in (b'{"cmd": "ping"}\n', b"not json\n", b"[1, 2]\n", b'{"cmd": "camera"}\n')
+            ]
         finally:
             await server.stop()
 
@@ -131,8 +138,13 @@ def test_the_socket_answers_one_json_line_and_refuses_garbage(control):
 def test_without_test_control_the_accelerator_key_does_not_exist(tmp_path):
     cfg = tmp_path / "node.toml"
     cfg.write_text('[engine]\norder = ["hilaccel", "tflite"]\n')
-    result = subprocess.run([sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
-                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"edgerun: error: {cfg}: engine.order[0]: expected one of ")

@@ -46,30 +46,58 @@ def test_shipped_scenarios_load():
     [
         ({"colour": 1}, "s.toml: colour: unknown key"),
         ({"faults": [{"at_s": 1, "kind": "meteor"}]}, "s.toml: faults[0].kind: expected one of"),
-        ({"faults": [{"at_s": 1, "kind": "kill", "node": "a", "duration_s": 2, "when": 3}]},
-         "s.toml: faults[0].when: unknown key"),
+        (
+            {"faults": [{"at_s": 1, "kind": "kill", "node": "a", "duration_s": 2, "when": 3}]},
+            "s.toml: faults[0].when: unknown key",
+        ),
         ({"duration_s": -1}, "s.toml: duration_s: expected float > 0.0, got -1"),
         ({"nodes": [{"id": "a"}, {"id": "a"}]}, "s.toml: nodes[1].id: 'a' is used twice"),
-        ({"faults": [{"at_s": 1, "kind": "kill", "node": "zz", "duration_s": 2}]},
-         "s.toml: faults[0].node: expected one of 'a', 'b', got 'zz'"),
-        ({"faults": [{"at_s": 1, "kind": "accelerator_hang", "node": "b", "duration_s": 2}]},
-         "s.toml: faults[0].node: 'b' has no 'hilaccel' in its engines to fault"),
-        ({"faults": [{"at_s": 40, "kind": "broker_restart", "duration_s": 2}]},
-         "s.toml: faults[0].at_s: 40 is not within the scenario's 30 s"),
-        ({"faults": [{"at_s": 1, "kind": "kill", "node": "a"}]},
-         "s.toml: faults[0].duration_s: a kill fault needs a duration > 0"),
-        ({"faults": [{"at_s": 1, "kind": "partition", "groups": [["a"]], "duration_s": 3}]},
-         "s.toml: faults[0].groups: expected two or more non-empty groups"),
-        ({"faults": [{"at_s": 1, "kind": "partition", "groups": [["a"], ["a", "b"]], "duration_s": 3}]},
-         "s.toml: faults[0].groups: a node is in two groups"),
-        ({"faults": [{"at_s": 5, "kind": "ota_power_cut", "node": "a", "step": "staged"},
-                     {"at_s": 2, "kind": "ota_release"}]},
-         "s.toml: faults[0].at_s: a power cut at an OTA step must be armed before an ota_release fault"),
-        ({"faults": [{"at_s": 1, "kind": "ota_power_cut", "node": "a", "step": "lunch"},
-                     {"at_s": 2, "kind": "ota_release"}]},
-         "s.toml: faults[0].step: expected one of 'begin'"),
-        ({"nodes": [{"id": "a", "address": "http://10.0.0.9:8089"}]},
-         "s.toml: broker.address: real boards need the broker they publish to"),
+        (
+            {"faults": [{"at_s": 1, "kind": "kill", "node": "zz", "duration_s": 2}]},
+            "s.toml: faults[0].node: expected one of 'a', 'b', got 'zz'",
+        ),
+        (
+            {"faults": [{"at_s": 1, "kind": "accelerator_hang", "node": "b", "duration_s": 2}]},
+            "s.toml: faults[0].node: 'b' has no 'hilaccel' in its engines to fault",
+        ),
+        (
+            {"faults": [{"at_s": 40, "kind": "broker_restart", "duration_s": 2}]},
+            "s.toml: faults[0].at_s: 40 is not within the scenario's 30 s",
+        ),
+        (
+            {"faults": [{"at_s": 1, "kind": "kill", "node": "a"}]},
+            "s.toml: faults[0].duration_s: a kill fault needs a duration > 0",
+        ),
+        (
+            {"faults": [{"at_s": 1, "kind": "partition", "groups": [["a"]], "duration_s": 3}]},
+            "s.toml: faults[0].groups: expected two or more non-empty groups",
+        ),
+        (
+            {"faults": [{"at_s": 1, "kind": "partition", "groups": [["a"], ["a", "b"]], "duration_s": 3}]},
+            "s.toml: faults[0].groups: a node is in two groups",
+        ),
+        (
+            {
+                "faults": [
+                    {"at_s": 5, "kind": "ota_power_cut", "node": "a", "step": "staged"},
+                    {"at_s": 2, "kind": "ota_release"},
+                ]
+            },
+            "s.toml: faults[0].at_s: a power cut at an OTA step must be armed before an ota_release fault",
+        ),
+        (
+            {
+                "faults": [
+                    {"at_s": 1, "kind": "ota_power_cut", "node": "a", "step": "lunch"},
+                    {"at_s": 2, "kind": "ota_release"},
+                ]
+            },
+            "s.toml: faults[0].step: expected one of 'begin'",
+        ),
+        (
+            {"nodes": [{"id": "a", "address": "http://10.0.0.9:8089"}]},
+            "s.toml: broker.address: real boards need the broker they publish to",
+        ),
         ({"network": {"loss_percent": 140}}, "s.toml: network.loss_percent: expected float <= 100.0, got 140"),
     ],
 )
@@ -80,8 +108,13 @@ def test_bad_scenarios_name_the_key(change, expected):
 def test_a_bad_scenario_file_exits_2_in_one_line(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text(tomli_w.dumps(base(faults=[{"at_s": 1, "kind": "kill", "node": "q", "duration_s": 1}])))
-    result = subprocess.run([sys.executable, "-m", "hil", "run", str(path), "--out", str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "hil", "run", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"hil run: error: {path}: faults[0].node: expected one of 'a', 'b', got 'q'"

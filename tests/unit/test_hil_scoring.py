@@ -25,22 +25,43 @@ REPLAY = {"seed": 1, "width": 640, "height": 480, "path_offset_m": 0.0, "east_of
 
 
 def scenario(**criteria):
-    return parse_scenario({"name": "rec", "duration_s": 40, "nodes": [{"id": "a"}, {"id": "b"}],
-                           "criteria": {"max_unexpected_exits": 0, **criteria}})
+    return parse_scenario(
+        {
+            "name": "rec",
+            "duration_s": 40,
+            "nodes": [{"id": "a"}, {"id": "b"}],
+            "criteria": {"max_unexpected_exits": 0, **criteria},
+        }
+    )
 
 
 def batch(node, seq, t, *, engine="tflite", version=1, latency_s=0.05):
-    payload = {"schema": "edgerun.detections/1", "node": node, "seq": seq, "ts": t - latency_s,
-               "frame": {"width": 640, "height": 480, "source": "replay"},
-               "model": {"name": "blazeface_short", "version": version, "engine": engine},
-               "latency_ms": 10.0, "detections": []}
+    payload = {
+        "schema": "edgerun.detections/1",
+        "node": node,
+        "seq": seq,
+        "ts": t - latency_s,
+        "frame": {"width": 640, "height": 480, "source": "replay"},
+        "model": {"name": "blazeface_short", "version": version, "engine": engine},
+        "latency_ms": 10.0,
+        "detections": [],
+    }
     return {"t": t, "topic": f"edgerun/{node}/detections", "payload": payload}
 
 
 def fleet_object(oid, east, north, owner="a", t=T0 + 5):
-    return {"t": t, "topic": "edgerun/fleet/objects",
-            "payload": {"schema": "edgerun.object/1", "id": oid, "label": "face", "east_m": east, "north_m": north,
-                        "owner": owner}}
+    return {
+        "t": t,
+        "topic": "edgerun/fleet/objects",
+        "payload": {
+            "schema": "edgerun.object/1",
+            "id": oid,
+            "label": "face",
+            "east_m": east,
+            "north_m": north,
+            "owner": owner,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +73,7 @@ def truth():
     return points
 
 
-def recorded(truth, *, silence_b=(0, 0), objects=None, faults=(), b_engine=lambda t: "tflite",
-             b_version=lambda t: 1):
+def recorded(truth, *, silence_b=(0, 0), objects=None, faults=(), b_engine=lambda t: "tflite", b_version=lambda t: 1):
     """Node a publishes frames 0..199 at 5 fps (four faces come into view); b likewise, except a gap."""
     rows = []
     for seq in range(200):
@@ -62,17 +82,23 @@ def recorded(truth, *, silence_b=(0, 0), objects=None, faults=(), b_engine=lambd
         if not silence_b[0] <= seq * 0.2 < silence_b[1]:
             rows.append(batch("b", seq, t, engine=b_engine(t), version=b_version(t)))
     rows += objects if objects is not None else [fleet_object("o12", *truth[12]), fleet_object("o13", *truth[13])]
-    nodes = {n: {"replay": REPLAY, "starts": [T0 - 5], "exits": [{"t": T0 + 40.5, "code": 0, "expected": True,
-                                                                   "why": "stopped at the end of the run"}]}
-             for n in ("a", "b")}
+    nodes = {
+        n: {
+            "replay": REPLAY,
+            "starts": [T0 - 5],
+            "exits": [{"t": T0 + 40.5, "code": 0, "expected": True, "why": "stopped at the end of the run"}],
+        }
+        for n in ("a", "b")
+    }
     run = {"scenario": "rec", "t0": T0, "t_end": T0 + 40, "mode": "netns", "nodes": nodes, "faults": list(faults)}
     return run, rows
 
 
 def test_recall_duplicates_and_a_clean_run_pass(truth):
     run, rows = recorded(truth)
-    result = score_records(run, rows, scenario(min_object_recall=0.5, max_duplicate_ratio=0.05, max_outage_s=2),
-                           local={})
+    result = score_records(
+        run, rows, scenario(min_object_recall=0.5, max_duplicate_ratio=0.05, max_outage_s=2), local={}
+    )
     fleet = result["fleet"]
     assert fleet["objects_seen"] == 4 and {12, 13, 14} <= set(fleet["seen_truth"])  # in view in frames 0..199
     assert fleet["objects_found"] == 2 and fleet["object_recall"] == 0.5
@@ -84,8 +110,11 @@ def test_recall_duplicates_and_a_clean_run_pass(truth):
 
 def test_a_second_report_of_one_target_is_a_duplicate_and_fails_by_how_much(truth):
     east, north = truth[12]
-    objects = [fleet_object("o12", east, north), fleet_object("o12b", east + 0.5, north, owner="b"),
-               fleet_object("o13", *truth[13])]
+    objects = [
+        fleet_object("o12", east, north),
+        fleet_object("o12b", east + 0.5, north, owner="b"),
+        fleet_object("o13", *truth[13]),
+    ]
     run, rows = recorded(truth, objects=objects)
     result = score_records(run, rows, scenario(max_duplicate_ratio=0.05), local={})
     assert result["fleet"]["duplicate_reports"] == 1 and result["fleet"]["duplicate_ratio"] == 0.5
@@ -100,8 +129,17 @@ def test_a_silence_the_faults_do_not_explain_fails_and_a_broker_restart_explains
     assert b["max_outage_s"] == pytest.approx(8.2, abs=0.3) and b["max_outage_at_s"] == pytest.approx(9.8, abs=0.3)
     assert re.search(r"max_outage_s \(b\) 8\.\d+ s vs limit 5 s \(missed by 3\.\d+ s\)", result["verdict"]["line"])
 
-    broker = {"index": 0, "kind": "broker_restart", "at_s": 9.5, "node": "", "t_start": T0 + 9.5,
-              "t_end": T0 + 16.5, "happened": True, "injectable": True, "detail": ""}
+    broker = {
+        "index": 0,
+        "kind": "broker_restart",
+        "at_s": 9.5,
+        "node": "",
+        "t_start": T0 + 9.5,
+        "t_end": T0 + 16.5,
+        "happened": True,
+        "injectable": True,
+        "detail": "",
+    }
     run, rows = recorded(truth, silence_b=(10, 18), faults=[broker])
     result = score_records(run, rows, scenario(max_outage_s=5), local={})
     assert result["per_node"]["b"]["max_outage_s"] < 1.0
@@ -109,13 +147,35 @@ def test_a_silence_the_faults_do_not_explain_fails_and_a_broker_restart_explains
 
 
 def test_failover_time_and_ota_convergence(truth):
-    hang = {"index": 0, "kind": "accelerator_hang", "at_s": 10, "node": "b", "t_start": T0 + 10, "t_end": T0 + 20,
-            "happened": True, "injectable": True, "detail": ""}
-    release = {"index": 1, "kind": "ota_release", "at_s": 25, "node": "", "version": 2, "t_start": T0 + 25,
-               "happened": True, "injectable": True, "detail": ""}
-    run, rows = recorded(truth, faults=[hang, release], silence_b=(10, 11.2),
-                         b_engine=lambda t: "tflite" if T0 + 10 <= t < T0 + 20 else "hilaccel",
-                         b_version=lambda t: 2 if t >= T0 + 31 else 1)
+    hang = {
+        "index": 0,
+        "kind": "accelerator_hang",
+        "at_s": 10,
+        "node": "b",
+        "t_start": T0 + 10,
+        "t_end": T0 + 20,
+        "happened": True,
+        "injectable": True,
+        "detail": "",
+    }
+    release = {
+        "index": 1,
+        "kind": "ota_release",
+        "at_s": 25,
+        "node": "",
+        "version": 2,
+        "t_start": T0 + 25,
+        "happened": True,
+        "injectable": True,
+        "detail": "",
+    }
+    run, rows = recorded(
+        truth,
+        faults=[hang, release],
+        silence_b=(10, 11.2),
+        b_engine=lambda t: "tflite" if T0 + 10 <= t < T0 + 20 else "hilaccel",
+        b_version=lambda t: 2 if t >= T0 + 31 else 1,
+    )
     result = score_records(run, rows, scenario(max_failover_s=1.0, max_ota_convergence_s=30), local={})
     assert result["failovers"] == [{"node": "b", "fault": 0, "kind": "accelerator_hang", "failover_s": 1.2}]
     ota = result["ota"]
@@ -128,9 +188,17 @@ def test_failover_time_and_ota_convergence(truth):
 
 def test_batches_lost_beyond_the_counted_drops_and_a_fault_that_did_not_happen(truth):
     run, rows = recorded(truth)
-    ignored = {"index": 0, "kind": "camera_loss", "at_s": 5, "node": "a", "duration_s": 5, "t_start": T0 + 5,
-               "happened": False, "injectable": True,
-               "detail": "a kept publishing batches after its camera was taken away (ignored the command)"}
+    ignored = {
+        "index": 0,
+        "kind": "camera_loss",
+        "at_s": 5,
+        "node": "a",
+        "duration_s": 5,
+        "t_start": T0 + 5,
+        "happened": False,
+        "injectable": True,
+        "detail": "a kept publishing batches after its camera was taken away (ignored the command)",
+    }
     run["faults"] = [ignored]
     observed = {(r["payload"]["seq"], r["payload"]["ts"]) for r in rows if r["payload"].get("node") == "a"}
     local_a = [r["payload"] for r in rows if r["payload"].get("node") == "a"]
@@ -151,11 +219,29 @@ def test_batches_lost_beyond_the_counted_drops_and_a_fault_that_did_not_happen(t
 
 
 def test_report_is_one_self_contained_page_with_every_plot(tmp_path, truth):
-    release = {"index": 0, "kind": "ota_release", "at_s": 25, "node": "", "version": 2, "t_start": T0 + 25,
-               "happened": True, "injectable": True, "detail": ""}
+    release = {
+        "index": 0,
+        "kind": "ota_release",
+        "at_s": 25,
+        "node": "",
+        "version": 2,
+        "t_start": T0 + 25,
+        "happened": True,
+        "injectable": True,
+        "detail": "",
+    }
     run, rows = recorded(truth, faults=[release], b_version=lambda t: 2 if t >= T0 + 31 else 1)
-    rows += [{"t": T0 + s, "scrape": n, "ok": True, "members": {"a": "alive", "b": "alive" if s < 20 else "suspect"},
-              "metrics": {}} for s in range(40) for n in ("a", "b")]
+    rows += [
+        {
+            "t": T0 + s,
+            "scrape": n,
+            "ok": True,
+            "members": {"a": "alive", "b": "alive" if s < 20 else "suspect"},
+            "metrics": {},
+        }
+        for s in range(40)
+        for n in ("a", "b")
+    ]
     sc = scenario(min_object_recall=0.9)
     result = score_records(run, rows, sc, local={})
     page = write_report(tmp_path, sc, result)
@@ -177,19 +263,27 @@ def test_faults_a_real_board_cannot_take_are_listed_not_failed(truth):
     from hil.live import LiveView
     from hil.timeline import Timeline
 
-    sc = parse_scenario({
-        "name": "bench", "duration_s": 40, "broker": {"address": "10.0.0.2:1883"},
-        "nodes": [{"id": "a"}, {"id": "board", "address": "http://10.0.0.7:8089"}],
-        "faults": [{"at_s": 5, "kind": "kill", "node": "board", "duration_s": 3},
-                   {"at_s": 6, "kind": "partition", "groups": [["a"], ["board"]], "duration_s": 3},
-                   {"at_s": 7, "kind": "broker_restart", "duration_s": 2},
-                   {"at_s": 8, "kind": "ota_release"}],
-    })
+    sc = parse_scenario(
+        {
+            "name": "bench",
+            "duration_s": 40,
+            "broker": {"address": "10.0.0.2:1883"},
+            "nodes": [{"id": "a"}, {"id": "board", "address": "http://10.0.0.7:8089"}],
+            "faults": [
+                {"at_s": 5, "kind": "kill", "node": "board", "duration_s": 3},
+                {"at_s": 6, "kind": "partition", "groups": [["a"], ["board"]], "duration_s": 3},
+                {"at_s": 7, "kind": "broker_restart", "duration_s": 2},
+                {"at_s": 8, "kind": "ota_release"},
+            ],
+        }
+    )
     rig = SimpleNamespace(scenario=sc, lab=None, mode_reason="an external broker (real boards)", nodes={})
     timeline = Timeline(rig, LiveView(Path("/nonexistent")))  # type: ignore[arg-type]
     reasons = [(r.injectable, r.why_not) for r in timeline.records]
-    assert reasons[0] == (False, "board is a real board: driven over MQTT and HTTP only (no control socket, "
-                                 "no signals)")
+    assert reasons[0] == (
+        False,
+        "board is a real board: driven over MQTT and HTTP only (no control socket, no signals)",
+    )
     assert reasons[1] == (False, "no network namespaces (an external broker (real boards))")
     assert reasons[2] == (False, "the broker is external (broker.address): the rig does not own it")
     assert reasons[3] == (True, "")  # an OTA release reaches a board over MQTT
@@ -197,8 +291,9 @@ def test_faults_a_real_board_cannot_take_are_listed_not_failed(truth):
     run["faults"] = [r.to_json() for r in timeline.records[:3]]
     result = score_records(run, rows, scenario(), local={})
     assert len(result["not_injectable"]) == 3
-    assert result["not_injectable"][0] == ("kill at 5 s on board: board is a real board: driven over MQTT and HTTP "
-                                           "only (no control socket, no signals)")
+    assert result["not_injectable"][0] == (
+        "kill at 5 s on board: board is a real board: driven over MQTT and HTTP only (no control socket, no signals)"
+    )
     assert result["verdict"]["passed"], result["verdict"]["line"]
 
 

@@ -31,17 +31,67 @@ PROPERTY = settings(
 
 # Values TOML can carry, nested; keys drawn partly from the real schema so validation goes deep.
 CONFIG_KEYS = st.sampled_from(
-    ["node", "id", "log_level", "source", "kind", "uri", "fps", "replay", "seed", "model", "bundle", "engine",
-     "order", "replicas", "pipeline", "queue_depth", "policy", "sinks", "mqtt", "dds", "jsonl", "port", "enabled",
-     "service", "ota", "root_keys", "x", ""]
+    [
+        "node",
+        "id",
+        "log_level",
+        "source",
+        "kind",
+        "uri",
+        "fps",
+        "replay",
+        "seed",
+        "model",
+        "bundle",
+        "engine",
+        "order",
+        "replicas",
+        "pipeline",
+        "queue_depth",
+        "policy",
+        "sinks",
+        "mqtt",
+        "dds",
+        "jsonl",
+        "port",
+        "enabled",
+        "service",
+        "ota",
+        "root_keys",
+        "x",
+        "",
+    ]
 )
 MANIFEST_KEYS = st.sampled_from(
-    ["name", "version", "task", "labels", "preprocess", "resize", "mean", "std", "pad_value", "decoder", "kind",
-     "params", "variants", "tflite", "onnx", "provenance", "x", ""]
+    [
+        "name",
+        "version",
+        "task",
+        "labels",
+        "preprocess",
+        "resize",
+        "mean",
+        "std",
+        "pad_value",
+        "decoder",
+        "kind",
+        "params",
+        "variants",
+        "tflite",
+        "onnx",
+        "provenance",
+        "x",
+        "",
+    ]
 )
 SCALARS = st.one_of(
-    st.booleans(), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(allow_nan=True),
-    st.text(max_size=20), st.datetimes(), st.dates(), st.times(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.datetimes(),
+    st.dates(),
+    st.times(),
 )
 
 
@@ -73,7 +123,7 @@ def test_any_bytes_as_a_config_file_are_a_config_or_one_config_error(tmp_path_fa
 @PROPERTY
 @given(table=toml_tables(CONFIG_KEYS))
 @example(table={"node": {"\n": False}})  # found by a fresh clone's `make test`: an AssertionError traceback
-@example(table={"node": {"a` - at `$.x\u2028é": [1]}, "": {"\"": 0}})
+@example(table={"node": {"a` - at `$.x\u2028é": [1]}, "": {'"': 0}})
 def test_any_toml_as_a_config_file_is_a_config_or_one_config_error(tmp_path_factory, table):
     path = _written(tmp_path_factory.mktemp("cfg"), "node.toml", tomli_w.dumps(table).encode())
     try:

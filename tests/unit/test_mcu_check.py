@@ -22,26 +22,34 @@ def build_int8_classifier(path: Path, features: int = 64, classes: int = 8, cust
     q, t = me.Quantization, schema.TensorType
     rng = np.random.default_rng(1)
     inp = me.Tensor(shape=(1, features), dtype=t.INT8, quantization=q(0.05, -1), name="input")
-    weights = me.Tensor(shape=(classes, features), dtype=t.INT8, quantization=q(0.01, 0), name="weights",
-                        data=rng.integers(-127, 127, (classes, features), dtype=np.int8))
-    bias = me.Tensor(shape=(classes,), dtype=t.INT32, quantization=q(0.0005, 0), name="bias",
-                     data=np.zeros(classes, np.int32))
+    weights = me.Tensor(
+        shape=(classes, features),
+        dtype=t.INT8,
+        quantization=q(0.01, 0),
+        name="weights",
+        data=rng.integers(-127, 127, (classes, features), dtype=np.int8),
+    )
+    bias = me.Tensor(
+        shape=(classes,), dtype=t.INT32, quantization=q(0.0005, 0), name="bias", data=np.zeros(classes, np.int32)
+    )
     logits = me.Tensor(shape=(1, classes), dtype=t.INT8, quantization=q(0.1, 0), name="logits")
     probs = me.Tensor(shape=(1, classes), dtype=t.INT8, quantization=q(1 / 256, -128), name="probs")
     fc = me.Operator(opcode=schema.BuiltinOperator.FULLY_CONNECTED, inputs=[inp, weights, bias], outputs=[logits])
     fc._fb.builtinOptionsType = schema.BuiltinOptions.FullyConnectedOptions
     fc._fb.builtinOptions = schema.FullyConnectedOptionsT()
     if custom_op:
-        last = me.Operator(opcode=schema.BuiltinOperator.CUSTOM, custom_code=custom_op, inputs=[logits],
-                           outputs=[probs])
+        last = me.Operator(
+            opcode=schema.BuiltinOperator.CUSTOM, custom_code=custom_op, inputs=[logits], outputs=[probs]
+        )
     else:
         last = me.Operator(opcode=schema.BuiltinOperator.SOFTMAX, inputs=[logits], outputs=[probs])
         last._fb.builtinOptionsType = schema.BuiltinOptions.SoftmaxOptions
         options = schema.SoftmaxOptionsT()
         options.beta = 1.0
         last._fb.builtinOptions = options
-    graph = me.Subgraph(tensors=[inp, weights, bias, logits, probs], operators=[fc, last], inputs=[inp],
-                        outputs=[probs])
+    graph = me.Subgraph(
+        tensors=[inp, weights, bias, logits, probs], operators=[fc, last], inputs=[inp], outputs=[probs]
+    )
     path.write_bytes(bytes(me.Model(subgraphs=[graph]).build()))
     return path
 
@@ -97,17 +105,26 @@ def test_an_op_tflm_lacks_is_named(tmp_path: Path) -> None:
 
 def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     model = build_int8_classifier(tmp_path / "m.tflite")
-    ok = subprocess.run([sys.executable, "-m", "edgerun", "model", "check-mcu", str(model), "--arena", "64k",
-                         "--json"], capture_output=True, text=True, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-m", "edgerun", "model", "check-mcu", str(model), "--arena", "64k", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["ok"] is True
-    small = subprocess.run([sys.executable, "-m", "edgerun", "model", "check-mcu", str(model), "--arena", "512"],
-                           capture_output=True, text=True, check=False)
+    small = subprocess.run(
+        [sys.executable, "-m", "edgerun", "model", "check-mcu", str(model), "--arena", "512"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert small.returncode == 1 and "result     NOT OK" in small.stdout
     bad = tmp_path / "not.tflite"
     bad.write_bytes(b"hello world, not a model")
-    refused = subprocess.run([sys.executable, "-m", "edgerun", "model", "check-mcu", str(bad)],
-                             capture_output=True, text=True, check=False)
+    refused = subprocess.run(
+        [sys.executable, "-m", "edgerun", "model", "check-mcu", str(bad)], capture_output=True, text=True, check=False
+    )
     assert refused.returncode != 0
     assert refused.stderr.strip().splitlines()[-1].endswith("not a TFLite flatbuffer (no TFL3 identifier)")
 

@@ -14,8 +14,18 @@ def test_defaults_leave_the_mcu_link_off() -> None:
 
 
 def test_a_full_section_parses() -> None:
-    cfg = parse_config({"mcu": {"enabled": True, "port": "/dev/ttyUSB0", "baud": 115200, "labels": ["person"],
-                                "release_keys": ["/etc/edgerun/mcu.pub"], "ota_chunk": 128}}).mcu
+    cfg = parse_config(
+        {
+            "mcu": {
+                "enabled": True,
+                "port": "/dev/ttyUSB0",
+                "baud": 115200,
+                "labels": ["person"],
+                "release_keys": ["/etc/edgerun/mcu.pub"],
+                "ota_chunk": 128,
+            }
+        }
+    ).mcu
     assert (cfg.port, cfg.baud, cfg.labels, cfg.ota_chunk) == ("/dev/ttyUSB0", 115200, ["person"], 128)
 
 

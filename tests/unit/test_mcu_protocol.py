@@ -91,19 +91,37 @@ def test_decode_errors_name_the_type_and_length() -> None:
 
 
 MESSAGES = st.one_of(
-    st.builds(Hello, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
-              st.integers(0, 65535), st.integers(0, 65535), st.integers(0, 255), st.integers(0, 255),
-              st.binary(min_size=16, max_size=16)),
-    st.builds(Detection, st.integers(0, 2**32 - 1), st.integers(0, 65535), st.integers(0, 65535),
-              st.tuples(*[st.integers(0, 65535)] * 4)),
+    st.builds(
+        Hello,
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 65535),
+        st.integers(0, 65535),
+        st.integers(0, 255),
+        st.integers(0, 255),
+        st.binary(min_size=16, max_size=16),
+    ),
+    st.builds(
+        Detection,
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 65535),
+        st.integers(0, 65535),
+        st.tuples(*[st.integers(0, 65535)] * 4),
+    ),
     st.builds(Heartbeat, *[st.integers(0, 2**32 - 1)] * 4),
     st.builds(Log, st.integers(0, 255), st.binary(max_size=239)),
-    st.builds(OtaBegin, st.binary(min_size=64, max_size=64), st.binary(min_size=8, max_size=8),
-              st.binary(min_size=64, max_size=64)),
+    st.builds(
+        OtaBegin,
+        st.binary(min_size=64, max_size=64),
+        st.binary(min_size=8, max_size=8),
+        st.binary(min_size=64, max_size=64),
+    ),
     st.builds(OtaChunk, st.integers(0, 2**32 - 1), st.binary(min_size=1, max_size=MAX_CHUNK)),
     st.just(OtaEnd()),
-    st.builds(Ack, st.integers(0, 255), st.integers(0, 65535), st.integers(0, 2**32 - 1), st.integers(0, 255),
-              st.booleans()),
+    st.builds(
+        Ack, st.integers(0, 255), st.integers(0, 65535), st.integers(0, 2**32 - 1), st.integers(0, 255), st.booleans()
+    ),
 )
 
 

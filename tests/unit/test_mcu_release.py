@@ -46,7 +46,9 @@ def test_minisign_itself_verifies_the_manifest_signature(tmp_path: Path, key: Se
     pub.write_text(key.public_key.to_text())
     proc = subprocess.run(
         ["minisign", "-V", "-p", str(pub), "-m", str(out / MANIFEST_FILE), "-x", str(out / SIGNATURE_FILE)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert "name:kws" in proc.stdout and "version:1" in proc.stdout

@@ -83,7 +83,9 @@ def test_minisign_verifies_what_we_sign(tmp_path):
         (tmp_path / "manifest.json.minisig").write_text(sig.to_text())
         out = subprocess.run(
             [MINISIGN, "-V", *flag, "-p", str(tmp_path / "k.pub"), "-m", str(data)],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert out.returncode == 0, out.stderr
         assert "Trusted comment: timestamp:1\tname:m\tversion:2" in out.stdout
@@ -95,7 +97,9 @@ def test_minisign_verifies_what_we_sign(tmp_path):
     (tmp_path / "k.key").write_text(key.to_text())
     out = subprocess.run(
         [MINISIGN, "-S", "-s", str(tmp_path / "k.key"), "-m", str(data), "-t", "from edgerun key"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.returncode == 0, out.stderr
     (sig,) = parse_signatures((tmp_path / "manifest.json.minisig").read_text())

@@ -42,8 +42,14 @@ def snapshot(state: Path) -> dict[str, bytes]:
 
 class Rig:
     def __init__(
-        self, tmp: Path, installed, roots: int = 1, releases: int = 2, root_threshold: int = 1,
-        wall_clock: Clock | None = None, **ota,
+        self,
+        tmp: Path,
+        installed,
+        roots: int = 1,
+        releases: int = 2,
+        root_threshold: int = 1,
+        wall_clock: Clock | None = None,
+        **ota,
     ):
         self.fleet = Fleet(tmp / "fleet", roots=roots, releases=releases)
         self.state = tmp / "state"
@@ -85,7 +91,10 @@ def raw_release(rig: Rig, name: str, version: int, payload: bytes, key: SecretKe
     now = time.time()
     file = f"{name}-{version}.tar"
     manifest = Manifest(
-        name=name, version=version, created=format_time(now), expires=format_time(now + 86400),
+        name=name,
+        version=version,
+        created=format_time(now),
+        expires=format_time(now + 86400),
         target=Target(sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), file=file),
     )
     data = encode_manifest(manifest)

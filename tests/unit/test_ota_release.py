@@ -63,8 +63,12 @@ class Fleet:
         root = bundle.root if isinstance(bundle, ModelBundle) else bundle
         base_root = base.root if isinstance(base, ModelBundle) else base
         return build_release(
-            root, out or self.release_dir, spec or ReleaseSpec(), base_path=base_root,
-            key=key or self.release_keys[0], now=now,
+            root,
+            out or self.release_dir,
+            spec or ReleaseSpec(),
+            base_path=base_root,
+            key=key or self.release_keys[0],
+            now=now,
         )
 
 

@@ -27,7 +27,12 @@ def batch(n: int = 2, keypoints: int = 0, pose: bool = True, seq: int = 7) -> De
         keypoints=np.full((n, keypoints, 2), 12.34, np.float32) if keypoints else None,
     )
     meta = FrameMeta(
-        seq=seq, source="replay", width=640, height=480, wall_time=1795000000.123456, t_capture=100.0,
+        seq=seq,
+        source="replay",
+        width=640,
+        height=480,
+        wall_time=1795000000.123456,
+        t_capture=100.0,
         pose=Pose(1.0, -2.0, 6.0, 3.0, 1.0, 0.5) if pose else None,
     )
     return DetectionBatch("node-a", meta, det, ("face", "person"), "blazeface_short", 1, "tflite")

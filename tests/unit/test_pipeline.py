@@ -167,7 +167,13 @@ def test_slow_model_drops_frames_and_counts_every_one(blazeface_bundle, photo_di
     # The source (a camera delivering as fast as it can, or a replay paced at 200 fps) outruns the
     # model (~25 fps): frames must be dropped, not queued.
     p = make(
-        blazeface_bundle, photo_dir, loop=True, delay=0.04, fps=200.0, policy=policy, stage_threads=layout,
+        blazeface_bundle,
+        photo_dir,
+        loop=True,
+        delay=0.04,
+        fps=200.0,
+        policy=policy,
+        stage_threads=layout,
         camera=clock == "camera",
     )
     # A camera keeps its capture thread, which drains the device and drops stale frames; fused
@@ -356,7 +362,6 @@ def test_workers_behind_a_serial_engine_take_a_frame_only_with_a_call_slot(blaze
     assert seqs == sorted(seqs)
 
 
-
 def test_in_order_gives_up_on_a_frame_whose_call_never_returns():
     now = [0.0]
     emitted: list = []
@@ -412,8 +417,14 @@ class OneCallHangs(SlowEngine):
 
 def test_a_call_that_never_returns_does_not_hold_later_batches_forever(blazeface_bundle, photo_dir):
     p = make(
-        blazeface_bundle, photo_dir, loop=True, policy="block", stage_threads="fused", replicas=2,
-        wrap=OneCallHangs, order_wait_s=0.3,
+        blazeface_bundle,
+        photo_dir,
+        loop=True,
+        policy="block",
+        stage_threads="fused",
+        replicas=2,
+        wrap=OneCallHangs,
+        order_wait_s=0.3,
     )
     engine = p.runtime.engine
     got: list = []

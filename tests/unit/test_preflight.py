@@ -14,8 +14,14 @@ ROOT_KEY = "RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3"  # minisig
 
 
 def test_a_good_config_passes(tmp_path, blazeface_bundle):
-    preflight(parse_config({"model": {"bundle": str(blazeface_bundle.root)},
-                            "sinks": {"jsonl": {"path": str(tmp_path / "out" / "d.jsonl")}}}))
+    preflight(
+        parse_config(
+            {
+                "model": {"bundle": str(blazeface_bundle.root)},
+                "sinks": {"jsonl": {"path": str(tmp_path / "out" / "d.jsonl")}},
+            }
+        )
+    )
 
 
 def test_missing_bundle_is_a_model_error_that_exits_2(tmp_path):
@@ -26,8 +32,14 @@ def test_missing_bundle_is_a_model_error_that_exits_2(tmp_path):
 
 def test_root_key_file_that_is_missing_or_garbage(tmp_path):
     missing = tmp_path / "root.pub"
-    cfg = {"ota": {"enabled": True, "root_keys": [str(missing)], "state_dir": str(tmp_path / "s"),
-                   "watch_dir": str(tmp_path)}}
+    cfg = {
+        "ota": {
+            "enabled": True,
+            "root_keys": [str(missing)],
+            "state_dir": str(tmp_path / "s"),
+            "watch_dir": str(tmp_path),
+        }
+    }
     with pytest.raises(ConfigError, match=f"ota.root_keys: {missing}: cannot read public key"):
         preflight(parse_config(cfg))
     missing.write_bytes(b"\xff\xfe binary garbage")
@@ -41,8 +53,10 @@ def test_tls_files_are_loaded_before_anything_connects(tmp_path):
     with pytest.raises(ConfigError, match="sinks.mqtt.tls_ca: .*ca.pem is not a PEM CA file"):
         preflight(parse_config({"sinks": {"mqtt": {"enabled": True, "tls_ca": str(ca)}}}))
     # The same broker settings serve OTA over MQTT with the sink off: still checked.
-    cfg = {"sinks": {"mqtt": {"tls_ca": str(ca)}},
-           "ota": {"enabled": True, "mqtt": True, "root_keys": [ROOT_KEY], "state_dir": str(tmp_path / "s")}}
+    cfg = {
+        "sinks": {"mqtt": {"tls_ca": str(ca)}},
+        "ota": {"enabled": True, "mqtt": True, "root_keys": [ROOT_KEY], "state_dir": str(tmp_path / "s")},
+    }
     with pytest.raises(ConfigError, match="sinks.mqtt.tls_ca"):
         preflight(parse_config(cfg))
     cert = tmp_path / "cert.pem"
@@ -60,8 +74,18 @@ def test_state_directories_must_be_writable(tmp_path):
     # Only the CPU engine: no breadcrumbs are written, so the directory is not needed.
     preflight(parse_config({"engine": {"state_dir": str(under_a_file)}}))
     with pytest.raises(ConfigError, match="ota.state_dir: "):
-        preflight(parse_config({"ota": {"enabled": True, "state_dir": str(under_a_file), "root_keys": [ROOT_KEY],
-                                        "watch_dir": str(tmp_path)}}))
+        preflight(
+            parse_config(
+                {
+                    "ota": {
+                        "enabled": True,
+                        "state_dir": str(under_a_file),
+                        "root_keys": [ROOT_KEY],
+                        "watch_dir": str(tmp_path),
+                    }
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="sinks.jsonl.path: "):
         preflight(parse_config({"sinks": {"jsonl": {"path": str(under_a_file / "d.jsonl")}}}))
 

@@ -20,7 +20,6 @@ def test_letterbox_round_trip(src, dst, mode):
     np.testing.assert_allclose(back, pts, atol=1e-2)
 
 
-
 def test_letterbox_maps_strided_views_in_place_like_contiguous_arrays():
     lb = Letterbox(640, 480, 128, 128)
     rng = np.random.default_rng(2)
@@ -30,6 +29,7 @@ def test_letterbox_maps_strided_views_in_place_like_contiguous_arrays():
     assert not view.flags.c_contiguous
     lb.to_source(view)
     np.testing.assert_allclose(rows[:, 4:], expected, rtol=1e-6)
+
 
 def test_letterbox_pads_the_short_side_symmetrically():
     lb = Letterbox(640, 480, 128, 128)

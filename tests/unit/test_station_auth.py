@@ -117,14 +117,19 @@ def test_host_names_and_bind_policy():
     check_bind_policy("::1", users=False, public_view=False)
     check_bind_policy("0.0.0.0", users=True, public_view=False)
     check_bind_policy("0.0.0.0", users=False, public_view=True)
-    with pytest.raises(ConfigError, match=r"^binding 0.0.0.0 needs --users FILE \(edgerun station passwd\) or "
-                                          r"--public-view for a read-only page$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^binding 0.0.0.0 needs --users FILE \(edgerun station passwd\) or "
+        r"--public-view for a read-only page$",
+    ):
         check_bind_policy("0.0.0.0", users=False, public_view=False)
 
 
 def test_node_nets_and_snapshot_token_file(tmp_path):
-    assert parse_node_nets(["10.42.0.0/16", "fd00::/8"]) == [ipaddress.ip_network("10.42.0.0/16"),
-                                                             ipaddress.ip_network("fd00::/8")]
+    assert parse_node_nets(["10.42.0.0/16", "fd00::/8"]) == [
+        ipaddress.ip_network("10.42.0.0/16"),
+        ipaddress.ip_network("fd00::/8"),
+    ]
     with pytest.raises(ConfigError, match="--node-net: expected an address range"):
         parse_node_nets(["drones"])
     token = tmp_path / "token"

@@ -22,15 +22,31 @@ from edgerun.commands.station import load_truth, prepare_ground
         (["station", "--mqtt", "h:1", "--signing-key", "/nonexistent.key"], "--signing-key: /nonexistent.key"),
         (["fleet", "promote", "--percent", "0", "--signing-key", "k"], "--percent: expected within (0, 100], got 0"),
         (["station"], "--mqtt HOST:PORT: say where the fleet's broker is"),
-        (["station", "--mqtt", "h:1", "--bind", "0.0.0.0:8080"],
-         "binding 0.0.0.0 needs --users FILE (edgerun station passwd) or --public-view for a read-only page"),
+        (
+            ["station", "--mqtt", "h:1", "--bind", "0.0.0.0:8080"],
+            "binding 0.0.0.0 needs --users FILE (edgerun station passwd) or --public-view for a read-only page",
+        ),
         (["station", "--mqtt", "h:1", "--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
         (["station", "--mqtt", "h:1", "--node-net", "drones"], "--node-net: expected an address range"),
         (["station", "--mqtt", "h:1", "--snapshot-token-file", "/nonexistent"], "--snapshot-token-file /nonexistent:"),
-        (["station", "--mqtt", "127.0.0.1:1", "--bind", "127.0.0.1:0", "--users", "/nonexistent"],
-         "--users /nonexistent: No such file"),
-        (["station", "--mqtt", "127.0.0.1:1", "--bind", "127.0.0.1:0", "--tls-cert", "/nonexistent", "--tls-key", "k"],
-         "--tls-cert/--tls-key: No such file or directory: /nonexistent"),
+        (
+            ["station", "--mqtt", "127.0.0.1:1", "--bind", "127.0.0.1:0", "--users", "/nonexistent"],
+            "--users /nonexistent: No such file",
+        ),
+        (
+            [
+                "station",
+                "--mqtt",
+                "127.0.0.1:1",
+                "--bind",
+                "127.0.0.1:0",
+                "--tls-cert",
+                "/nonexistent",
+                "--tls-key",
+                "k",
+            ],
+            "--tls-cert/--tls-key: No such file or directory: /nonexistent",
+        ),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(argv, message, capsys):

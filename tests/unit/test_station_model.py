@@ -15,29 +15,67 @@ T0 = 1_800_000_000.0
 
 
 def detections(node: str, east: float = 10.0, north: float = 12.0, yaw: float = 0.0, version: int = 1, n: int = 1):
-    return json.dumps({
-        "schema": "edgerun.detections/1", "node": node, "seq": 1, "ts": T0,
-        "frame": {"width": 640, "height": 480, "source": "replay"},
-        "model": {"name": "blazeface_short", "version": version, "engine": "tflite"}, "latency_ms": 3.0,
-        "pose": {"east_m": east, "north_m": north, "up_m": 6.0, "yaw_deg": yaw, "pitch_deg": 0.0, "roll_deg": 0.0,
-                 "hfov_deg": 60.0},
-        "detections": [{"label": "face", "class_id": 0, "score": 0.9, "box": [10, 20, 100, 120]}] * n,
-    }).encode()
+    return json.dumps(
+        {
+            "schema": "edgerun.detections/1",
+            "node": node,
+            "seq": 1,
+            "ts": T0,
+            "frame": {"width": 640, "height": 480, "source": "replay"},
+            "model": {"name": "blazeface_short", "version": version, "engine": "tflite"},
+            "latency_ms": 3.0,
+            "pose": {
+                "east_m": east,
+                "north_m": north,
+                "up_m": 6.0,
+                "yaw_deg": yaw,
+                "pitch_deg": 0.0,
+                "roll_deg": 0.0,
+                "hfov_deg": 60.0,
+            },
+            "detections": [{"label": "face", "class_id": 0, "score": 0.9, "box": [10, 20, 100, 120]}] * n,
+        }
+    ).encode()
 
 
 def metrics(node: str, ts: float, frames: int, dets: int, version: int = 1, state: str = "running"):
-    return json.dumps({
-        "schema": "edgerun.metrics/1", "node": node, "ts": ts,
-        "summary": {"model": "blazeface_short", "model_version": version, "engine": "tflite", "state": state,
-                    "frames": frames, "detections": dets, "fps": 9.0, "latency_p99_ms": 42.5, "dropped": 3},
-        "mqtt": {},
-    }).encode()
+    return json.dumps(
+        {
+            "schema": "edgerun.metrics/1",
+            "node": node,
+            "ts": ts,
+            "summary": {
+                "model": "blazeface_short",
+                "model_version": version,
+                "engine": "tflite",
+                "state": state,
+                "frames": frames,
+                "detections": dets,
+                "fps": 9.0,
+                "latency_p99_ms": 42.5,
+                "dropped": 3,
+            },
+            "mqtt": {},
+        }
+    ).encode()
 
 
 def obj(i: int, last_seen: float, **extra):
-    return {"schema": "edgerun.object/1", "id": f"o{i}", "label": "face", "east_m": 1.0 + i, "north_m": 2.0,
-            "uncertainty_m": 0.5, "first_seen": last_seen - 5, "last_seen": last_seen, "score": 0.8,
-            "owner": "d1", "seen_by": ["d1", "d2", "d3"], "ts": last_seen, **extra}
+    return {
+        "schema": "edgerun.object/1",
+        "id": f"o{i}",
+        "label": "face",
+        "east_m": 1.0 + i,
+        "north_m": 2.0,
+        "uncertainty_m": 0.5,
+        "first_seen": last_seen - 5,
+        "last_seen": last_seen,
+        "score": 0.8,
+        "owner": "d1",
+        "seen_by": ["d1", "d2", "d3"],
+        "ts": last_seen,
+        **extra,
+    }
 
 
 def test_detections_give_position_heading_footprint_and_a_trail():
@@ -65,8 +103,9 @@ def test_trail_keeps_one_point_a_second_and_only_the_last_minutes():
 
 
 def test_footprint_turns_with_yaw_and_vanishes_above_the_horizon():
-    pose = pose_from_payload({"east_m": 0, "north_m": 0, "up_m": 6, "yaw_deg": 90, "pitch_deg": 0, "roll_deg": 0,
-                              "hfov_deg": 60})
+    pose = pose_from_payload(
+        {"east_m": 0, "north_m": 0, "up_m": 6, "yaw_deg": 90, "pitch_deg": 0, "roll_deg": 0, "hfov_deg": 60}
+    )
     corners = footprint(pose, 640, 480)
     # heading east: the image top (nose) is the eastern edge, the image's left is north
     top_left, top_right = corners[0], corners[1]
@@ -97,8 +136,13 @@ def test_status_will_marks_dead_a_clean_stop_is_not_and_silence_goes_stale():
         m.ingest(f"edgerun/{node}/status", b"online", T0)
         m.ingest(f"edgerun/{node}/detections", detections(node), T0)
     m.ingest("edgerun/d1/status", b"offline", T0 + 1)  # the broker's will: no "stopping" before it
-    m.ingest("edgerun/d2/events", json.dumps({"schema": "edgerun.event/1", "node": "d2", "kind": "health",
-                                              "state": "stopping", "reasons": {}}).encode(), T0 + 1)
+    m.ingest(
+        "edgerun/d2/events",
+        json.dumps(
+            {"schema": "edgerun.event/1", "node": "d2", "kind": "health", "state": "stopping", "reasons": {}}
+        ).encode(),
+        T0 + 1,
+    )
     m.ingest("edgerun/d2/status", b"offline", T0 + 1)
     states = {k: v["state"] for k, v in m.snapshot(T0 + 2)["nodes"].items()}
     assert states == {"d1": "dead", "d2": "stopped", "d3": "online"}
@@ -110,12 +154,23 @@ def test_status_will_marks_dead_a_clean_stop_is_not_and_silence_goes_stale():
 def test_health_engine_and_ota_events_set_the_node_and_the_log():
     m = FleetModel()
     ev = {"schema": "edgerun.event/1", "node": "d1", "ts": T0}
-    m.ingest("edgerun/d1/events", json.dumps({**ev, "kind": "health", "state": "degraded",
-                                              "reasons": {"engine": "tensorrt failed"}}).encode(), T0)
-    m.ingest("edgerun/d1/events", json.dumps({**ev, "kind": "engine", "event": "failover", "from": "tensorrt",
-                                              "to": "tflite", "reason": "hang"}).encode(), T0)
-    m.ingest("edgerun/d1/events", json.dumps({**ev, "kind": "ota", "step": "rolled_back", "version": 2,
-                                              "reason": "p99 too high"}).encode(), T0)
+    m.ingest(
+        "edgerun/d1/events",
+        json.dumps({**ev, "kind": "health", "state": "degraded", "reasons": {"engine": "tensorrt failed"}}).encode(),
+        T0,
+    )
+    m.ingest(
+        "edgerun/d1/events",
+        json.dumps(
+            {**ev, "kind": "engine", "event": "failover", "from": "tensorrt", "to": "tflite", "reason": "hang"}
+        ).encode(),
+        T0,
+    )
+    m.ingest(
+        "edgerun/d1/events",
+        json.dumps({**ev, "kind": "ota", "step": "rolled_back", "version": 2, "reason": "p99 too high"}).encode(),
+        T0,
+    )
     node = m.nodes["d1"]
     assert node.health == "degraded" and node.reasons == {"engine": "tensorrt failed"}
     assert node.engine == "tflite" and node.fallback
@@ -126,11 +181,20 @@ def test_health_engine_and_ota_events_set_the_node_and_the_log():
 
 def test_swarm_view_counts_members_and_places_a_node_without_pose():
     m = FleetModel()
-    view = {"schema": "edgerun.swarm/1", "node": "d1", "members": [
-        {"name": "d1", "state": "alive", "incarnation": 3, "meta": {"east": 5.0, "north": 6.0, "http": "127.0.0.1:1"}},
-        {"name": "d2", "state": "alive", "incarnation": 1, "meta": {}},
-        {"name": "d3", "state": "dead", "incarnation": 2, "meta": {}},
-    ]}
+    view = {
+        "schema": "edgerun.swarm/1",
+        "node": "d1",
+        "members": [
+            {
+                "name": "d1",
+                "state": "alive",
+                "incarnation": 3,
+                "meta": {"east": 5.0, "north": 6.0, "http": "127.0.0.1:1"},
+            },
+            {"name": "d2", "state": "alive", "incarnation": 1, "meta": {}},
+            {"name": "d3", "state": "dead", "incarnation": 2, "meta": {}},
+        ],
+    }
     m.ingest("edgerun/d1/swarm", json.dumps(view).encode(), T0)
     node = m.nodes["d1"]
     assert node.swarm_seen == 1 and node.pose["east_m"] == 5.0 and node.http == "127.0.0.1:1"
@@ -154,8 +218,11 @@ def test_objects_are_validated_and_bounded_by_least_recently_seen():
     [
         ("edgerun/d1/detections", b"\xff\xfe", "malformed"),
         ("edgerun/d1/detections", b"[1, 2]", "malformed"),
-        ("edgerun/d1/detections", json.dumps({"schema": "edgerun.detections/2", "node": "d1"}).encode(),
-         "wrong_schema"),
+        (
+            "edgerun/d1/detections",
+            json.dumps({"schema": "edgerun.detections/2", "node": "d1"}).encode(),
+            "wrong_schema",
+        ),
         ("edgerun/d1/detections", detections("d2"), "node_mismatch"),
         ("edgerun/d1/metrics", b"x" * (300 * 1024), "oversized"),
         ("edgerun/d1/status", b"maybe", "malformed"),
@@ -185,8 +252,12 @@ def test_node_count_is_bounded_forgetting_the_longest_silent_first():
 
 def test_a_node_http_address_is_taken_only_as_host_and_port():
     m = FleetModel()
-    for address, kept in (("127.0.0.1:8089", "127.0.0.1:8089"), ("evil/path:1", "127.0.0.1:8089"),
-                          ("[::1]:80", "[::1]:80"), ("host:80/x?y", "[::1]:80")):
+    for address, kept in (
+        ("127.0.0.1:8089", "127.0.0.1:8089"),
+        ("evil/path:1", "127.0.0.1:8089"),
+        ("[::1]:80", "[::1]:80"),
+        ("host:80/x?y", "[::1]:80"),
+    ):
         doc = json.loads(metrics("d1", T0, 1, 1))
         doc["summary"]["http"] = address
         m.ingest("edgerun/d1/metrics", json.dumps(doc).encode(), T0)
@@ -235,17 +306,36 @@ def test_a_silent_node_is_dead_only_when_live_peers_say_so():
 
 def test_a_node_the_broker_does_not_hear_is_shown_from_its_peers_gossip():
     m = FleetModel(stale_s=10.0)
-    meta = {"model": "blazeface_short", "version": 2, "engine": "tflite", "fallback": True, "health": "degraded",
-            "fps": 7.5, "east": 3.0, "north": 4.0, "yaw": 90.0}
-    view = {"schema": "edgerun.swarm/1", "node": "d1", "members": [
-        {"name": "d1", "state": "alive", "incarnation": 1, "meta": {}},
-        {"name": "d9", "state": "alive", "incarnation": 4, "meta": meta}]}
+    meta = {
+        "model": "blazeface_short",
+        "version": 2,
+        "engine": "tflite",
+        "fallback": True,
+        "health": "degraded",
+        "fps": 7.5,
+        "east": 3.0,
+        "north": 4.0,
+        "yaw": 90.0,
+    }
+    view = {
+        "schema": "edgerun.swarm/1",
+        "node": "d1",
+        "members": [
+            {"name": "d1", "state": "alive", "incarnation": 1, "meta": {}},
+            {"name": "d9", "state": "alive", "incarnation": 4, "meta": meta},
+        ],
+    }
     m.ingest("edgerun/d1/detections", detections("d1"), T0)
     m.ingest("edgerun/d1/swarm", json.dumps(view).encode(), T0)
     d9 = m.snapshot(T0)["nodes"]["d9"]
     assert d9["via_swarm"] and d9["state"] == "stale"
     assert (d9["model"], d9["model_version"], d9["engine"], d9["fallback"], d9["fps"]) == (
-        "blazeface_short", 2, "tflite", True, 7.5)
+        "blazeface_short",
+        2,
+        "tflite",
+        True,
+        7.5,
+    )
     assert d9["pose"]["east_m"] == 3.0 and d9["pose"]["yaw_deg"] == 90.0
     m.ingest("edgerun/d9/detections", detections("d9", version=3), T0 + 1)  # heard directly again
     d9 = m.snapshot(T0 + 1)["nodes"]["d9"]
@@ -263,17 +353,81 @@ def test_deeply_nested_json_is_dropped_not_raised():
 
 
 @settings(max_examples=500, deadline=None)
-@given(topic=st.sampled_from(["edgerun/d1/detections", "edgerun/d1/events", "edgerun/d1/status", "edgerun/d1/metrics",
-                              "edgerun/d1/swarm", "edgerun/fleet/objects", "edgerun/fleet/releases/m",
-                              "edgerun/fleet/rollouts/m", "edgerun/station/events", "x/y"]),
-       payload=st.one_of(st.binary(max_size=300), st.recursive(
-           st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20) | st.sampled_from(
-               ["edgerun.detections/1", "edgerun.metrics/1", "edgerun.swarm/1", "edgerun.object/1", "d1",
-                "health", "engine", "ota", "model", "alive", "dead", "failover", "rolled_back"]),
-           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.sampled_from(
-               ["schema", "node", "pose", "frame", "model", "detections", "box", "summary", "members", "meta",
-                "id", "label", "east_m", "north_m", "seen_by", "kind", "state", "reasons", "version", "ts"]),
-               kids, max_size=6), max_leaves=30).map(lambda v: json.dumps(v).encode())))
+@given(
+    topic=st.sampled_from(
+        [
+            "edgerun/d1/detections",
+            "edgerun/d1/events",
+            "edgerun/d1/status",
+            "edgerun/d1/metrics",
+            "edgerun/d1/swarm",
+            "edgerun/fleet/objects",
+            "edgerun/fleet/releases/m",
+            "edgerun/fleet/rollouts/m",
+            "edgerun/station/events",
+            "x/y",
+        ]
+    ),
+    payload=st.one_of(
+        st.binary(max_size=300),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.floats()
+            | st.integers()
+            | st.text(max_size=20)
+            | st.sampled_from(
+                [
+                    "edgerun.detections/1",
+                    "edgerun.metrics/1",
+                    "edgerun.swarm/1",
+                    "edgerun.object/1",
+                    "d1",
+                    "health",
+                    "engine",
+                    "ota",
+                    "model",
+                    "alive",
+                    "dead",
+                    "failover",
+                    "rolled_back",
+                ]
+            ),
+            lambda kids: (
+                st.lists(kids, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(
+                        [
+                            "schema",
+                            "node",
+                            "pose",
+                            "frame",
+                            "model",
+                            "detections",
+                            "box",
+                            "summary",
+                            "members",
+                            "meta",
+                            "id",
+                            "label",
+                            "east_m",
+                            "north_m",
+                            "seen_by",
+                            "kind",
+                            "state",
+                            "reasons",
+                            "version",
+                            "ts",
+                        ]
+                    ),
+                    kids,
+                    max_size=6,
+                )
+            ),
+            max_leaves=30,
+        ).map(lambda v: json.dumps(v).encode()),
+    ),
+)
 def test_no_payload_makes_the_model_raise(topic, payload):
     m = FleetModel()
     m.ingest(topic, payload, T0)

@@ -38,8 +38,9 @@ def addr(i: int) -> tuple[str, int]:
     return (f"10.1.0.{i + 1}", 7946)
 
 
-def cluster(n: int, *, loss: float = 0.0, seed: int = 3, timing: SwarmTiming = TIMING,
-            settle: float = 5.0) -> tuple[MemNet, list[Membership]]:
+def cluster(
+    n: int, *, loss: float = 0.0, seed: int = 3, timing: SwarmTiming = TIMING, settle: float = 5.0
+) -> tuple[MemNet, list[Membership]]:
     net = MemNet(seed=seed, loss=loss)
     members = []
     for i in range(n):
@@ -58,8 +59,11 @@ def states(m: Membership) -> dict[str, MemberState]:
 
 def events(net: MemNet, member: Membership, kind: str, about: str | None = None) -> list[tuple[float, Member]]:
     host = net.hosts[member.addr]
-    return [(t, e.member) for t, e in host.events
-            if isinstance(e, MemberEvent) and e.kind == kind and (about is None or e.member.name == about)]
+    return [
+        (t, e.member)
+        for t, e in host.events
+        if isinstance(e, MemberEvent) and e.kind == kind and (about is None or e.member.name == about)
+    ]
 
 
 def deliver(m: Membership, *messages, now: float, src: tuple[str, int] = ("10.9.9.9", 1)) -> None:
@@ -92,7 +96,7 @@ def test_direct_probe_sends_ping_for_the_named_target_and_an_ack_ends_it() -> No
     while not pings:  # run timers until the first probe goes out
         a.handle_timer(a.get_timer())
         pings = [(d, ms) for d, ms in sent_messages(a) if any(isinstance(x, Ping) for x in ms)]
-    (dst, msgs), = pings
+    ((dst, msgs),) = pings
     ping = next(x for x in msgs if isinstance(x, Ping))
     assert dst == addr(1) and ping.target == "b" and ping.source == "a"
     deliver(a, Ack(seq=ping.seq), now=a.get_timer() - 0.01, src=addr(1))
@@ -134,7 +138,7 @@ def test_killed_member_is_suspected_then_declared_dead_by_everyone() -> None:
     for i, m in enumerate(members):
         if i == 5:
             continue
-        (t_dead, _), = events(net, m, "dead", "m5")
+        ((t_dead, _),) = events(net, m, "dead", "m5")
         assert 20.0 < t_dead < 20.0 + 2 * TIMING.probe_interval_s + 6 * suspicion_timeout(4, 8, 1.0)
         assert states(m)["m5"] is MemberState.DEAD
         assert not [e for e in events(net, m, "dead") if e[1].name != "m5"]
@@ -454,12 +458,22 @@ _names = st.sampled_from(["a", "b", "c", "d"])
 _incarnations = st.integers(min_value=0, max_value=12)
 _protocol_messages = st.one_of(
     st.builds(Ping, seq=st.integers(0, 50), target=_names, source=_names),
-    st.builds(IndirectPing, seq=st.integers(0, 50), target=_names, target_addr=st.sampled_from([addr(1), addr(2)]),
-              nack=st.booleans()),
+    st.builds(
+        IndirectPing,
+        seq=st.integers(0, 50),
+        target=_names,
+        target_addr=st.sampled_from([addr(1), addr(2)]),
+        nack=st.booleans(),
+    ),
     st.builds(Ack, seq=st.integers(0, 50)),
     st.builds(Nack, seq=st.integers(0, 50)),
-    st.builds(Alive, name=_names, addr=st.sampled_from([addr(0), addr(1), addr(2), addr(3)]),
-              incarnation=_incarnations, meta=st.binary(max_size=8)),
+    st.builds(
+        Alive,
+        name=_names,
+        addr=st.sampled_from([addr(0), addr(1), addr(2), addr(3)]),
+        incarnation=_incarnations,
+        meta=st.binary(max_size=8),
+    ),
     st.builds(Suspect, name=_names, incarnation=_incarnations, source=_names),
     st.builds(Dead, name=_names, incarnation=_incarnations, source=_names),
     st.builds(UserMsg, sender=_names, key=st.binary(max_size=4), seq=st.integers(0, 5), payload=st.binary(max_size=8)),

@@ -45,11 +45,19 @@ messages = st.one_of(
     st.builds(Dead, name=names, incarnation=counters, source=names),
     st.builds(UserMsg, sender=names, key=st.binary(max_size=128), seq=counters, payload=st.binary(max_size=1024)),
 )
-push_members = st.builds(PushMember, name=names, addr=addrs, incarnation=counters,
-                         state=st.integers(min_value=0, max_value=3), meta=metas)
-push_pulls = st.builds(PushPull, join=st.booleans(), source=names, members=st.lists(push_members, max_size=8),
-                       broadcasts=st.lists(st.builds(UserMsg, sender=names, key=st.binary(max_size=16), seq=counters,
-                                                     payload=st.binary(max_size=64)), max_size=4))
+push_members = st.builds(
+    PushMember, name=names, addr=addrs, incarnation=counters, state=st.integers(min_value=0, max_value=3), meta=metas
+)
+push_pulls = st.builds(
+    PushPull,
+    join=st.booleans(),
+    source=names,
+    members=st.lists(push_members, max_size=8),
+    broadcasts=st.lists(
+        st.builds(UserMsg, sender=names, key=st.binary(max_size=16), seq=counters, payload=st.binary(max_size=64)),
+        max_size=4,
+    ),
+)
 
 
 @given(st.lists(messages, min_size=1, max_size=20))

@@ -13,8 +13,17 @@ from swarm.config import SwarmTiming
 from swarm.sim import SimConfig, SwarmSim, main
 from swarm.suspicion import suspicion_timeout
 
-KEYS = {"full_membership_s", "detect_p50_s", "detect_max_s", "suspicions", "refutations", "false_deaths",
-        "bytes_per_node_s", "duplicate_ratio", "dedup_added_latency_s"}
+KEYS = {
+    "full_membership_s",
+    "detect_p50_s",
+    "detect_max_s",
+    "suspicions",
+    "refutations",
+    "false_deaths",
+    "bytes_per_node_s",
+    "duplicate_ratio",
+    "dedup_added_latency_s",
+}
 
 
 def test_cli_writes_the_issue_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -122,10 +122,14 @@ def specs(tensors: dict[str, dict]):
 def test_an_engine_the_node_can_feed_gives_its_specs():
     input_spec, outputs = specs(good_tensors())
     assert (input_spec.name, input_spec.shape, input_spec.dtype, input_spec.layout) == (
-        "input", (1, 3, 128, 128), np.float32, "NCHW"
+        "input",
+        (1, 3, 128, 128),
+        np.float32,
+        "NCHW",
     )
     assert [(o.name, o.shape, o.dtype) for o in outputs] == [
-        ("boxes", (1, 896, 16), np.float32), ("scores", (1, 896, 1), np.float16)
+        ("boxes", (1, 896, 16), np.float32),
+        ("scores", (1, 896, 1), np.float16),
     ]
 
 

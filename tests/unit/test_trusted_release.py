@@ -53,8 +53,13 @@ def test_what_a_node_refuses_the_station_calls_forged(released, case):
         offer = resign(offer, 100.0, SecretKey.generate())
         code = "unknown_key"
     elif case == "tampered percent":
-        offer = Offer(offer.source, offer.manifest.replace(b'"percent":10.0', b'"percent":100.0'),
-                      offer.manifest_sig, offer.keys, offer.keys_sig)
+        offer = Offer(
+            offer.source,
+            offer.manifest.replace(b'"percent":10.0', b'"percent":100.0'),
+            offer.manifest_sig,
+            offer.keys,
+            offer.keys_sig,
+        )
         code = "bad_signature"
     elif case == "wrong topic":
         model, code = "other_model", "wrong_model"
@@ -111,8 +116,13 @@ def test_an_older_keys_json_is_not_accepted_after_a_newer_one(tmp_path, released
     newer = tmp_path / "newer"
     newer.mkdir()
     fleet.write_keys(version=2, out=newer)
-    bumped = Offer("t", offer.manifest, offer.manifest_sig, (newer / "keys.json").read_bytes(),
-                   (newer / "keys.json.minisig").read_text())
+    bumped = Offer(
+        "t",
+        offer.manifest,
+        offer.manifest_sig,
+        (newer / "keys.json").read_bytes(),
+        (newer / "keys.json.minisig").read_text(),
+    )
     assert v.check(MODEL, message(bumped)).verified and v.keyring.version == 2
     checked = v.check(MODEL, message(offer))  # keys.json v1 again
     assert (checked.trust, checked.code) == ("forged", "rollback")

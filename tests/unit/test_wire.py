@@ -34,8 +34,9 @@ finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 def batches(draw: Any) -> DetectionBatch:
     n = draw(st.integers(0, 4))
     keypoints = draw(st.sampled_from([0, 1, 6]))
-    boxes = np.array(draw(st.lists(st.lists(finite, min_size=4, max_size=4), min_size=n, max_size=n)) or
-                     np.zeros((0, 4)), np.float32).reshape(n, 4)
+    boxes = np.array(
+        draw(st.lists(st.lists(finite, min_size=4, max_size=4), min_size=n, max_size=n)) or np.zeros((0, 4)), np.float32
+    ).reshape(n, 4)
     det = Detections(
         boxes=boxes,
         scores=np.array(draw(st.lists(st.floats(0, 1), min_size=n, max_size=n)), np.float32).reshape(n),
@@ -43,8 +44,15 @@ def batches(draw: Any) -> DetectionBatch:
         keypoints=np.full((n, keypoints, 2), draw(finite), np.float32) if keypoints else None,
     )
     pose = Pose(*draw(st.lists(finite, min_size=7, max_size=7))) if draw(st.booleans()) else None
-    meta = FrameMeta(seq=draw(st.integers(0, 2**40)), source=draw(st.text(max_size=8)), width=640, height=480,
-                     wall_time=draw(st.floats(0, 4e9)), t_capture=100.0, pose=pose)
+    meta = FrameMeta(
+        seq=draw(st.integers(0, 2**40)),
+        source=draw(st.text(max_size=8)),
+        width=640,
+        height=480,
+        wall_time=draw(st.floats(0, 4e9)),
+        t_capture=100.0,
+        pose=pose,
+    )
     return DetectionBatch(draw(st.text(max_size=8)), meta, det, ("face", "person"), "m", 1, "tflite")
 
 
@@ -57,8 +65,19 @@ def test_every_detections_struct_a_node_makes_is_valid_and_round_trips(batch: De
 
 
 def fleet_object(**changes: Any) -> dict[str, Any]:
-    obj = dedup.FleetObject(id="5f0c2a9d11e04b7a", label="person", east_m=12.5, north_m=-3.25, uncertainty_m=0.4,
-                            first_seen=1.0, last_seen=2.0, score=0.9, owner="d1", seen_by=("d1", "d2"), ts=2.5)
+    obj = dedup.FleetObject(
+        id="5f0c2a9d11e04b7a",
+        label="person",
+        east_m=12.5,
+        north_m=-3.25,
+        uncertainty_m=0.4,
+        first_seen=1.0,
+        last_seen=2.0,
+        score=0.9,
+        owner="d1",
+        seen_by=("d1", "d2"),
+        ts=2.5,
+    )
     return {**obj.to_payload(), **changes}
 
 
@@ -71,8 +90,12 @@ def test_a_fleet_object_from_swarm_is_valid_and_round_trips() -> None:
 
 def detections_payload() -> dict[str, Any]:
     meta = FrameMeta(seq=1, source="replay", width=640, height=480, wall_time=1.0, t_capture=0.0, pose=Pose(1, 2, 3))
-    det = Detections(np.array([[1, 2, 3, 4]], np.float32), np.array([0.5], np.float32), np.array([0], np.int32),
-                     np.ones((1, 2, 2), np.float32))
+    det = Detections(
+        np.array([[1, 2, 3, 4]], np.float32),
+        np.array([0.5], np.float32),
+        np.array([0], np.int32),
+        np.ones((1, 2, 2), np.float32),
+    )
     return DetectionBatch("n", meta, det, ("face",), "m", 1, "tflite").to_payload(0.5)
 
 
@@ -91,13 +114,30 @@ def mutate(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize(("path", "value"), [
-    ("schema", "edgerun.detections/2"), ("node", 5), ("seq", -1), ("seq", True), ("seq", KeyError),
-    ("ts", "now"), ("frame.width", -1), ("frame", KeyError), ("model.version", 1.5), ("model.engine", KeyError),
-    ("latency_ms", -1.0), ("pose.yaw_deg", "north"), ("pose.hfov_deg", KeyError), ("detections", {}),
-    ("detections.0.score", 1.01), ("detections.0.box", [1, 2, 3]), ("detections.0.label", None),
-    ("detections.0.keypoints.0", [1.0]), ("pose", KeyError),
-])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("schema", "edgerun.detections/2"),
+        ("node", 5),
+        ("seq", -1),
+        ("seq", True),
+        ("seq", KeyError),
+        ("ts", "now"),
+        ("frame.width", -1),
+        ("frame", KeyError),
+        ("model.version", 1.5),
+        ("model.engine", KeyError),
+        ("latency_ms", -1.0),
+        ("pose.yaw_deg", "north"),
+        ("pose.hfov_deg", KeyError),
+        ("detections", {}),
+        ("detections.0.score", 1.01),
+        ("detections.0.box", [1, 2, 3]),
+        ("detections.0.label", None),
+        ("detections.0.keypoints.0", [1.0]),
+        ("pose", KeyError),
+    ],
+)
 def test_what_the_detections_schema_rejects_the_struct_rejects(path: str, value: Any) -> None:
     bad = mutate(detections_payload(), path, value)
     assert not DETECTIONS.is_valid(bad)
@@ -105,11 +145,24 @@ def test_what_the_detections_schema_rejects_the_struct_rejects(path: str, value:
         msgspec.json.decode(json.dumps(bad), type=wire.Detections)
 
 
-@pytest.mark.parametrize(("path", "value"), [
-    ("schema", "edgerun.object/2"), ("id", "5F0C2A9D11E04B7A"), ("id", "abc"), ("label", ""), ("label", "x" * 33),
-    ("uncertainty_m", -0.1), ("score", 1.5), ("owner", ""), ("seen_by", []), ("seen_by", ["d1", "d1"]),
-    ("seen_by", [""]), ("ts", KeyError), ("east_m", "far"),
-])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("schema", "edgerun.object/2"),
+        ("id", "5F0C2A9D11E04B7A"),
+        ("id", "abc"),
+        ("label", ""),
+        ("label", "x" * 33),
+        ("uncertainty_m", -0.1),
+        ("score", 1.5),
+        ("owner", ""),
+        ("seen_by", []),
+        ("seen_by", ["d1", "d1"]),
+        ("seen_by", [""]),
+        ("ts", KeyError),
+        ("east_m", "far"),
+    ],
+)
 def test_what_the_object_schema_rejects_the_struct_rejects(path: str, value: Any) -> None:
     bad = mutate(fleet_object(), path, value)
     assert not OBJECT.is_valid(bad)
