@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY
+from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY as MQTT_CLEAN_START_FIRST_ONLY  # re-exported for callers
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -194,7 +194,7 @@ def connect_in_background(
     *,
     keepalive: int = 30,
     session_expiry_s: int = 0,
-    clean_start: bool | int = MQTT_CLEAN_START_FIRST_ONLY,
+    clean_start: mqtt.CleanStartOption = MQTT_CLEAN_START_FIRST_ONLY,
 ) -> None:
     """Start paho's network thread, which connects, and reconnects as ``new_client(reconnect=...)`` said."""
     client.connect_async(

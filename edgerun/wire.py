@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -36,12 +36,13 @@ from swarm.dedup import OBJECT_SCHEMA as OBJECT_SCHEMA  # swarm builds objects i
 
 # -- schema ids ---------------------------------------------------------------------------------
 
-DETECTIONS_SCHEMA = "edgerun.detections/1"
-EVENT_SCHEMA = "edgerun.event/1"
-METRICS_SCHEMA = "edgerun.metrics/1"
-SWARM_SCHEMA = "edgerun.swarm/1"
-ROLLOUT_SCHEMA = "edgerun.rollout/1"
-RELEASE_SCHEMA = "edgerun.ota.release/1"
+# Final: the type checker reads each as its literal, so the Structs' Literal schema fields take them as defaults.
+DETECTIONS_SCHEMA: Final = "edgerun.detections/1"
+EVENT_SCHEMA: Final = "edgerun.event/1"
+METRICS_SCHEMA: Final = "edgerun.metrics/1"
+SWARM_SCHEMA: Final = "edgerun.swarm/1"
+ROLLOUT_SCHEMA: Final = "edgerun.rollout/1"
+RELEASE_SCHEMA: Final = "edgerun.ota.release/1"
 
 # -- topics -------------------------------------------------------------------------------------
 

@@ -48,11 +48,11 @@ import hashlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
-OBJECT_SCHEMA = "edgerun.object/1"
+OBJECT_SCHEMA: Final = "edgerun.object/1"  # Final: read as its literal by edgerun.wire's Literal schema field
 CLAIM_TAG = 1  # first element of every claim payload (other app gossip uses other tags)
 
 
@@ -536,17 +536,19 @@ class Dedup:
                     mine.report_id, mine.reported_nodes = obj.id, frozenset(obj.seen_by)
         updated: set[str] = set()
         for track in owned:
-            if track.report_id in updated:
+            report_id = track.report_id
+            assert report_id is not None  # owned holds reported tracks only
+            if report_id in updated:
                 continue  # another track of the same object
             members = index.group(by_key[(self.node_id, track.id)])
             nodes = frozenset(c.node for c in members)
             if nodes <= track.reported_nodes:
                 continue
-            updated.add(track.report_id)
+            updated.add(report_id)
             track.reported_nodes |= nodes
             obj = FleetObject.from_claims(members, self.node_id, wall)
             seen = tuple(sorted(track.reported_nodes))
-            reports.append(dataclasses.replace(obj, id=track.report_id, seen_by=seen, update=True))
+            reports.append(dataclasses.replace(obj, id=report_id, seen_by=seen, update=True))
             self.stats.object_updates += 1
         for track in keepers:
             track.memory_due = self._keeps_memory(track, index.group(by_key[(self.node_id, track.id)]))

@@ -109,8 +109,10 @@ def camera_to_world(pose: CameraPose) -> np.ndarray:
         gimbal = rotation_zyx(
             pose.yaw_deg + (pose.gimbal_yaw_deg or 0.0), pose.gimbal_pitch_deg or 0.0, pose.gimbal_roll_deg or 0.0
         )
-        return _NED_TO_ENU @ gimbal @ _CAMERA_TO_GIMBAL
-    return _NED_TO_ENU @ rotation_zyx(pose.yaw_deg, pose.pitch_deg, pose.roll_deg) @ _CAMERA_TO_BODY
+        rotation: np.ndarray = _NED_TO_ENU @ gimbal @ _CAMERA_TO_GIMBAL  # numpy types a matmul as Any
+        return rotation
+    rotation = _NED_TO_ENU @ rotation_zyx(pose.yaw_deg, pose.pitch_deg, pose.roll_deg) @ _CAMERA_TO_BODY
+    return rotation
 
 
 def fold_gimbal(pose: CameraPose) -> CameraPose:

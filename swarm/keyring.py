@@ -26,6 +26,7 @@ import os
 import secrets
 from collections import OrderedDict, deque
 from pathlib import Path
+from typing import Any
 
 from nacl import bindings
 from nacl.exceptions import CryptoError
@@ -116,8 +117,11 @@ class Keyring:
     # -- key files ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path, **options: float | int) -> Keyring:
-        """Reads a key file: one base64 key per line, the first is primary; blank lines and # comments ignored."""
+    def load(cls, path: str | Path, **options: Any) -> Keyring:
+        """Reads a key file: one base64 key per line, the first is primary; blank lines and # comments ignored.
+
+        ``options`` are the Keyring's own keyword arguments (reorder_window_s, max_age_s ...).
+        """
         path = Path(path)
         try:
             text = path.read_text(encoding="ascii")
@@ -139,7 +143,7 @@ class Keyring:
             keys.append(key)
         if not keys:
             raise KeyringError(f"{path}: swarm key file holds no key", "file")
-        return cls(keys, **options)  # type: ignore[arg-type]
+        return cls(keys, **options)
 
     def save(self, path: str | Path) -> None:
         """Writes the keys (primary first) readable by the owner only."""

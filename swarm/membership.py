@@ -35,6 +35,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
 from swarm.broadcast_queue import BroadcastQueue, retransmit_limit
 from swarm.config import SwarmTiming
@@ -211,7 +212,7 @@ class Membership:
         self._next_push_pull = (
             now + timing.push_pull_interval_s * (0.5 + stagger) if timing.push_pull_interval_s > 0 else None
         )
-        self.stats: dict = {
+        self.stats: dict[str, Any] = {
             "dropped": Counter(),
             "sent_bytes": 0,
             "received_bytes": 0,

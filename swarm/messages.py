@@ -50,10 +50,13 @@ class WireError(ValueError):
 
 
 class _Message(msgspec.Struct, tag_field="t", array_like=True, frozen=True, forbid_unknown_fields=True):
-    """Base of every wire message: array-like (no field names on the wire), tagged by a small integer."""
+    """Base of every wire message: array-like (no field names on the wire), tagged by a small integer.
+
+    Subclasses repeat ``frozen=True``: msgspec inherits it, but a type checker reads each class's own options.
+    """
 
 
-class Ping(_Message, tag=1):
+class Ping(_Message, tag=1, frozen=True):
     """Are you alive? ``target`` names the member meant (an address can be reused by another member)."""
 
     seq: Counter
@@ -61,7 +64,7 @@ class Ping(_Message, tag=1):
     source: Name
 
 
-class IndirectPing(_Message, tag=2):
+class IndirectPing(_Message, tag=2, frozen=True):
     """Please ping ``target`` for me and relay its ack (and a nack if it stays silent)."""
 
     seq: Counter
@@ -70,30 +73,30 @@ class IndirectPing(_Message, tag=2):
     nack: bool
 
 
-class Ack(_Message, tag=3):
+class Ack(_Message, tag=3, frozen=True):
     seq: Counter
 
 
-class Nack(_Message, tag=4):
+class Nack(_Message, tag=4, frozen=True):
     """The relay of an indirect ping is alive but heard nothing from the target (Lifeguard's health signal)."""
 
     seq: Counter
 
 
-class Alive(_Message, tag=5):
+class Alive(_Message, tag=5, frozen=True):
     name: Name
     addr: Addr
     incarnation: Counter
     meta: Meta
 
 
-class Suspect(_Message, tag=6):
+class Suspect(_Message, tag=6, frozen=True):
     name: Name
     incarnation: Counter
     source: Name
 
 
-class Dead(_Message, tag=7):
+class Dead(_Message, tag=7, frozen=True):
     """``source == name`` means the member left gracefully."""
 
     name: Name
@@ -101,7 +104,7 @@ class Dead(_Message, tag=7):
     source: Name
 
 
-class UserMsg(_Message, tag=8):
+class UserMsg(_Message, tag=8, frozen=True):
     """An application broadcast; ``seq`` grows per sender so a newer payload for one key replaces an older one."""
 
     sender: Name
@@ -118,7 +121,7 @@ class PushMember(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fi
     meta: Meta
 
 
-class PushPull(_Message, tag=9):
+class PushPull(_Message, tag=9, frozen=True):
     """Full state exchanged over a stream: members and the app broadcasts still within their lifetime."""
 
     join: bool
@@ -131,8 +134,8 @@ Message = Ping | IndirectPing | Ack | Nack | Alive | Suspect | Dead | UserMsg
 StreamMessage = Ping | Ack | PushPull
 
 _encoder = msgspec.msgpack.Encoder()
-_packet_decoder = msgspec.msgpack.Decoder(list[Message])
-_stream_decoder = msgspec.msgpack.Decoder(StreamMessage)
+_packet_decoder: msgspec.msgpack.Decoder[list[Message]] = msgspec.msgpack.Decoder(list[Message])
+_stream_decoder: msgspec.msgpack.Decoder[StreamMessage] = msgspec.msgpack.Decoder(StreamMessage)
 _VERSION_BYTE = bytes([PROTOCOL_VERSION])
 
 

@@ -26,8 +26,10 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, FleetObject, Observation
@@ -129,7 +131,7 @@ class SwarmSim:
 
     # ------------------------------------------------------------------ drones
 
-    def _frame_step(self, index: int):
+    def _frame_step(self, index: int) -> Callable[[float], None]:
         cfg = self.cfg
         host = self.hosts[index]
         drone = self.drones[index]
@@ -174,7 +176,7 @@ class SwarmSim:
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         cfg = self.cfg
         started = time.perf_counter()
         self.build()
@@ -213,7 +215,7 @@ class SwarmSim:
         half = self.cfg.nodes // 2
         return (self.names.index(a) < half) != (self.names.index(b) < half) and self._in_partition(t)
 
-    def figures(self) -> dict:
+    def figures(self) -> dict[str, Any]:
         cfg = self.cfg
         hosts = dict(zip(self.names, self.hosts))
         everyone = set(self.names)
@@ -244,20 +246,20 @@ class SwarmSim:
                     same_side += 1
                 else:
                     false_deaths += 1
-            if self.killed and name != self.killed and host.alive:
+            if self.killed and self.killed_at is not None and name != self.killed and host.alive:
                 times = [
                     t
                     for t, e in host.events
                     if isinstance(e, MemberEvent)
                     and e.kind == "dead"
                     and e.member.name == self.killed
-                    and t >= (self.killed_at or 0.0)
+                    and t >= self.killed_at
                 ]
                 detections.append(min(times) - self.killed_at if times else math.inf)
 
         sent = sum(h.membership.stats["sent_bytes"] + h.membership.stats["stream_sent_bytes"] for h in self.hosts)
         stats = [h.membership.stats for h in self.hosts]
-        result: dict = {
+        result: dict[str, Any] = {
             "nodes": cfg.nodes,
             "loss": cfg.loss,
             "seconds": cfg.seconds,
@@ -302,7 +304,7 @@ class SwarmSim:
                 worst = max(worst, t - heal)
         return round(worst, 3)
 
-    def _dedup_figures(self) -> dict:
+    def _dedup_figures(self) -> dict[str, Any]:
         cfg = self.cfg
         window = cfg.dedup.window_s
         reports: dict[int, list[float]] = {}
@@ -321,9 +323,9 @@ class SwarmSim:
         duplicates = 0
         for t in multi:
             times = sorted(reports.get(t, []))
-            sightings = sorted(s for s, _ in self.first_seen[t])
+            seen_times = sorted(s for s, _ in self.first_seen[t])
             for a, b in zip(times, times[1:]):
-                chain = [a] + [s for s in sightings if a <= s <= b] + [b]
+                chain = [a] + [s for s in seen_times if a <= s <= b] + [b]
                 if all(y - x <= window for x, y in zip(chain, chain[1:])):
                     duplicates += 1
         # An episode starts when a target is seen after going unseen for a window (dedup state has expired);
