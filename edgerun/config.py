@@ -337,7 +337,8 @@ def _resolve(data: Any, path: str, root: type) -> tuple[list[str | int | None], 
     types: the key path (a ``[...]`` dict entry pinned to its key), whether a value is there, the value
     and its type (None where unknown)."""
     parts: list[str | int | None] = []
-    found, value, tp = True, data, root
+    tp: Any = root  # a type, a typing form or None as the path goes down
+    found, value = True, data
     for name, index in _PATH_PART_RE.findall(path):
         args = typing.get_args(tp)
         if name:

@@ -96,7 +96,7 @@ def opencv_video_io(build_information: str) -> dict[str, bool]:
     found: dict[str, bool] = {}
     for key, label in VIDEO_IO.items():
         match = re.search(rf"^\s*{re.escape(label)}:\s*(\S+)", build_information, re.MULTILINE)
-        found[key] = bool(match) and match.group(1).upper() == "YES"
+        found[key] = match is not None and match.group(1).upper() == "YES"
     return found
 
 

@@ -263,7 +263,7 @@ class Node:
         done: asyncio.Future[None] = loop.create_future()
         # A daemon thread, not the default executor: an open stuck in a driver must not hold up the exit.
         threading.Thread(target=self._build_on_thread, args=(loop, done), name="edgerun-build", daemon=True).start()
-        stop = asyncio.ensure_future(self._stop.wait())
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -398,7 +398,7 @@ class Node:
             self._notifier.ready()
             self._log_started(pipeline)
             ended = loop.run_in_executor(None, pipeline.end_of_stream.wait)
-            waiters = [asyncio.ensure_future(self._stop.wait()), ended]
+            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stop.wait()), ended]
             try:
                 await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
             finally:

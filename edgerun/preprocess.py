@@ -133,7 +133,7 @@ class Preprocessor:
             cv2.resize(image, (lb.new_w, lb.new_h), dst=self._roi, interpolation=cv2.INTER_LINEAR)
         out = tensor[0]
         if self._mode == "copy":
-            pixels = self._resized
+            pixels: np.ndarray = self._resized
             if self._swap_rb:
                 pixels = cv2.cvtColor(self._resized, cv2.COLOR_BGR2RGB, dst=self._colour)
             np.copyto(out, pixels.transpose(2, 0, 1) if self._nchw else pixels)

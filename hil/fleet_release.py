@@ -52,10 +52,10 @@ def with_accelerator_variant(bundle: ModelBundle) -> ModelBundle:
 def prepare_fleet_release(run_dir: Path, version: int = 2) -> FleetRelease:
     demo = ensure_demo_bundle(fetch=False)
     models = run_dir / "models"
-    v1 = with_accelerator_variant(
-        derive_bundle(demo, models / "v1", demo.version, demo.variant_path("tflite").read_bytes())
-    )  # type: ignore[union-attr]
-    data, _ = perturb_weights(demo.variant_path("tflite").read_bytes(), is_head, 1e-2, seed=version)  # type: ignore[union-attr]
+    tflite = demo.variant_path("tflite")
+    assert tflite is not None  # the demo bundle has one
+    v1 = with_accelerator_variant(derive_bundle(demo, models / "v1", demo.version, tflite.read_bytes()))
+    data, _ = perturb_weights(tflite.read_bytes(), is_head, 1e-2, seed=version)
     v2 = with_accelerator_variant(derive_bundle(demo, models / f"v{version}", version, data))
     ota = run_dir / "ota"
     release_dir = ota / "releases"

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from hil.scenario import Scenario
 
@@ -146,7 +147,9 @@ def plot_versions(series: dict[str, Any]) -> str:
     ax.set_xlabel("scenario time (s)")
     ax.set_ylabel("model version")
     ax.set_title("OTA: model version per node")
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    locator = ax.yaxis.get_major_locator()
+    if isinstance(locator, MaxNLocator):  # the default AutoLocator is one; the base Locator takes no integer=
+        locator.set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     _mark_faults(ax, [f for f in series["faults"] if f[1].startswith("ota")])

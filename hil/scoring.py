@@ -129,7 +129,7 @@ def _fleet_score(
 ) -> dict[str, Any]:
     # One scored flight per process: a restarted node flies on from further along its path.
     flights: dict[str, list[tuple[float, str]]] = {}
-    drones = []
+    drones: list[Drone] = []
     for name, info in nodes_info.items():
         replays = info.get("replays") or [[0.0, info["replay"]]]
         for k, (start, replay) in enumerate(replays):
@@ -412,7 +412,7 @@ def _series(
         ]
         for name, rows in scrapes.items()
     }
-    reports = {}
+    reports: dict[Any, dict[str, Any]] = {}
     for _, o in objects:
         reports.setdefault(o["id"], o)
     return {

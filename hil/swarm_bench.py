@@ -323,7 +323,8 @@ class EdgerunScenario(Scenario):
         before = [m.stats_lines for m in self.members]
         running = [m for m in self.members if m.process is not None and m.process.returncode is None]
         for member in running:
-            member.process.send_signal(signal.SIGUSR1)  # type: ignore[union-attr]
+            assert member.process is not None  # running holds members with a live process
+            member.process.send_signal(signal.SIGUSR1)
         await self._until(lambda: all(m.stats_lines > b for m, b in zip(self.members, before) if m in running), 10)
         return [int(m.last_stats["bytes_out"]) if m.last_stats and m in running else None for m in self.members]
 
@@ -340,6 +341,8 @@ class EdgerunScenario(Scenario):
             member.ready_at = now
         elif ev == "member":
             name, kind = record.get("member"), record.get("kind")
+            if not isinstance(name, str):
+                return  # not an agent's member line
             if name == member.name:
                 if kind == "refute":
                     member.refutations += 1

@@ -219,7 +219,7 @@ def bench_handoff(rounds: int = 20000) -> float:
         def infer(self, tensor: np.ndarray, outputs: list[np.ndarray]) -> list[np.ndarray]:
             return outputs
 
-    worker = EngineWorker(Noop(), "noop")  # type: ignore[arg-type]
+    worker = EngineWorker(Noop(), "noop")  # type: ignore[arg-type]  # a stand-in: the worker calls infer() only
     tensor, outputs = np.zeros(1), [np.zeros(1)]
     for _ in range(1000):
         worker.call(tensor, outputs, 5.0)

@@ -54,7 +54,9 @@ print(json.dumps({"rss_before_mb": before, "peak_rss_mb": dict(hwm())["VmHWM"], 
 def _variant_payloads(tmp: Path, base_name: str, pad_to: int = 0) -> dict[str, Any]:
     """(base payload, {case: new payload}) for the head-only and dense fine-tune cases."""
     bundle = ensure_demo_bundle(base_name)
-    raw = bundle.variant_path("tflite").read_bytes()  # type: ignore[union-attr]
+    tflite = bundle.variant_path("tflite")
+    assert tflite is not None  # the demo bundles all have one
+    raw = tflite.read_bytes()
     filler = (raw * (1 + pad_to // max(1, len(raw))))[: max(0, pad_to - len(raw))]
     base = derive_bundle(bundle, tmp / f"{base_name}-v1", 1, raw + filler)
     cases = {
@@ -62,7 +64,7 @@ def _variant_payloads(tmp: Path, base_name: str, pad_to: int = 0) -> dict[str, A
         "all_weights_1e-3": perturb_weights(raw, lambda name: True, 1e-3, seed=2)[0],
         "all_weights_1e-2": perturb_weights(raw, lambda name: True, 1e-2, seed=3)[0],
     }
-    out = {"base": pack_bundle(base.root), "model_bytes": len(raw) + len(filler), "cases": {}}
+    out: dict[str, Any] = {"base": pack_bundle(base.root), "model_bytes": len(raw) + len(filler), "cases": {}}
     for case, data in cases.items():
         new = derive_bundle(bundle, tmp / f"{base_name}-{case}", 2, data + filler)
         out["cases"][case] = pack_bundle(new.root)
@@ -153,7 +155,9 @@ def bench_swap_gap(tmp: Path, fps: float, health_window_s: float = 2.0) -> dict[
     from edgerun.ota.trust import keys_trusted_comment, make_key_list
 
     bundle = ensure_demo_bundle("blazeface_short")
-    raw = bundle.variant_path("tflite").read_bytes()  # type: ignore[union-attr]
+    tflite = bundle.variant_path("tflite")
+    assert tflite is not None  # the demo bundles all have one
+    raw = tflite.read_bytes()
     v2 = derive_bundle(bundle, tmp / "swap-v2", 2, perturb_weights(raw, is_head, 1e-2, seed=5)[0])
     root, release = SecretKey.generate(), SecretKey.generate()
     rel_dir = tmp / "swap-releases"

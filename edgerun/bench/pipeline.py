@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from edgerun.decoders import decoder_class
 from edgerun.decoders.base import Decoder
 from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.engines.runtime import ModelInfo, ModelRuntime
+from edgerun.engines.tflite import TFLiteEngine
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
@@ -70,7 +72,7 @@ def make_decoder(bundle: ModelBundle, engine: Engine) -> Decoder:
     return decoder_class(spec.kind)(dict(spec.params), engine.input_spec, engine.output_specs)
 
 
-def timed_rate(fn: Callable[[], None], seconds: float, min_iters: int = 5) -> tuple[float, float]:
+def timed_rate(fn: Callable[[], object], seconds: float, min_iters: int = 5) -> tuple[float, float]:
     """(calls per second, median seconds per call) of ``fn`` over about ``seconds``."""
     fn()  # warm-up
     times: list[float] = []
@@ -167,6 +169,7 @@ def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, secon
     mean = np.asarray(pre.mean, np.float32)
     std = np.asarray(pre.std, np.float32)
     engine = open_engine(bundle, threads)
+    assert isinstance(engine, TFLiteEngine)  # the naive loop drives the raw interpreter itself
     decoder = make_decoder(bundle, engine)
     h, w = engine.input_spec.image_hw
     interp = engine._interp
@@ -198,7 +201,7 @@ def _naive_rate(bundle: ModelBundle, clip: list[np.ndarray], threads: int, secon
         engine.close()
 
 
-def side_by_side_rate(calls: list[Callable[[], None]], seconds: float) -> float:
+def side_by_side_rate(calls: Sequence[Callable[[], object]], seconds: float) -> float:
     """Calls per second of all ``calls`` run at once, each looping on its own thread."""
     counts = [0] * len(calls)
     start = threading.Barrier(len(calls) + 1)
@@ -453,6 +456,13 @@ def _ratio(numerators: list[float], denominators: list[float]) -> float:
     return round(float(np.median([a / b for a, b in zip(numerators, denominators)])), 3)
 
 
+def _read_frame(path: Path) -> np.ndarray:
+    image = cv2.imread(str(path))
+    if image is None:
+        raise RuntimeError(f"cannot read the bench clip's frame {path}")
+    return image
+
+
 def _median(values: list[float]) -> float:
     return round(float(np.median(values)), 2)
 
@@ -470,7 +480,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         tmp = Path(tmpdir)
         clip_path = clip_dir(tmp)
         source = open_clip(clip_path)
-        clip = [cv2.imread(str(p)) for p in sorted(clip_path.glob("*.png"))]
+        clip = [_read_frame(p) for p in sorted(clip_path.glob("*.png"))]
         threads = range(1, cores + 1)
         bare_sweep = {t: round(_bare_rate(bundle, t, sweep_s)[0], 2) for t in threads}
         naive_sweep = {t: round(_naive_rate(bundle, clip, t, sweep_s), 2) for t in threads}

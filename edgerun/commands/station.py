@@ -63,16 +63,19 @@ def _seed(spec: str, what: str) -> int:
         raise ConfigError(f"{what} {spec}: expected replay:SEED") from None
 
 
-def prepare_ground(spec: str | None, extent: str | None, workdir: Path) -> tuple[Path | None, tuple[float, ...]]:
+def prepare_ground(
+    spec: str | None, extent: str | None, workdir: Path
+) -> tuple[Path | None, tuple[float, float, float, float]]:
     """The ground image to serve and its extent (west, south, east, north metres); ``replay:SEED`` renders the scene."""
-    bounds: tuple[float, ...] = (0.0, 0.0, 40.0, 40.0)
+    bounds = (0.0, 0.0, 40.0, 40.0)
     if extent:
         try:
-            bounds = tuple(float(v) for v in extent.split(","))
+            values = [float(v) for v in extent.split(",")]
         except ValueError:
-            bounds = ()
-        if len(bounds) != 4 or bounds[2] <= bounds[0] or bounds[3] <= bounds[1]:
+            values = []
+        if len(values) != 4 or values[2] <= values[0] or values[3] <= values[1]:
             raise ConfigError(f"--ground-extent: expected WEST,SOUTH,EAST,NORTH metres, got {extent!r}")
+        bounds = (values[0], values[1], values[2], values[3])
     if not spec:
         return None, bounds
     if spec.startswith("replay"):
@@ -132,7 +135,7 @@ def cmd_station(args: argparse.Namespace) -> int:
             bind_port=bind_port,
             ground=ground,
             mqtt_cfg=mqtt_client_config(args, mqtt_host, mqtt_port),
-            ground_extent=extent,  # type: ignore[arg-type]
+            ground_extent=extent,
             truth=load_truth(args.truth),
             signing_key=load_signing_key(args.signing_key, args),
             node_http=node_http,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class SsdAnchorOptions:
         """Read the anchor options from a decoder's params; the input size defaults to the model's."""
         default_h = default_input_hw[0] if default_input_hw else REQUIRED
         default_w = default_input_hw[1] if default_input_hw else REQUIRED
-        kwargs = {
+        kwargs: dict[str, Any] = {  # each value is typed by its reader call
             "num_layers": reader.integer("num_layers", min_value=1),
             "min_scale": reader.number("min_scale"),
             "max_scale": reader.number("max_scale"),
@@ -90,7 +91,7 @@ class SsdAnchorOptions:
             "feature_map_width": reader.integers("feature_map_width", [], min_value=1),
         }
         try:
-            return cls(**kwargs)  # type: ignore[arg-type]
+            return cls(**kwargs)
         except ModelError as err:
             raise ModelError(f"{reader.decoder_key}: decoder.params: {err}") from None
 

@@ -139,7 +139,8 @@ def _clusters(boxes: list[list[float]], iou_threshold: float, limit: int) -> lis
         top = pool[0]
         tx1, ty1, tx2, ty2 = boxes[top]
         top_area = areas[top]
-        members, rest = [top], []
+        members: list[int] = [top]
+        rest: list[int] = []
         for i in pool[1:]:
             x1, y1, x2, y2 = boxes[i]
             inter = max(min(x2, tx2) - max(x1, tx1), 0.0) * max(min(y2, ty2) - max(y1, ty1), 0.0)

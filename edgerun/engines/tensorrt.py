@@ -239,7 +239,7 @@ class TensorRTEngine(Engine):
         with ctx:
             self._release()
         ctx.close()
-        self._ctx = None  # type: ignore[assignment]
+        self._ctx = None  # type: ignore[assignment]  # closed: the getattr above sees None and returns
 
 
 # TensorRT data types that numpy has a type for, by trt.DataType member name; the rest

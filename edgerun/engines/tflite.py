@@ -30,7 +30,7 @@ def tflite_module() -> Any:
         from ai_edge_litert import interpreter
     except ImportError:
         try:
-            from tflite_runtime import interpreter  # type: ignore[no-redef]
+            from tflite_runtime import interpreter
         except ImportError:
             raise EngineError(
                 "no TFLite runtime installed: pip install ai-edge-litert (or edgerun[legacy-tflite])"
@@ -142,7 +142,7 @@ class TFLiteEngine(Engine):
                 self._free_cond.notify()
 
     def close(self) -> None:
-        self._interp = None  # type: ignore[assignment]
+        self._interp = None
         self._lanes = self._free = []
 
 

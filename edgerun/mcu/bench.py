@@ -77,9 +77,9 @@ async def run_rate(
         while time.monotonic() < deadline:
             hb = bridge.link.heartbeat
             # Done when the MCU has reported every detection and its last report has arrived.
-            last_report_in = hb is not None and hb.detections_sent + hb.detections_dropped >= count
-            if last_report_in and bridge.detections + bridge.link.counters.lost >= hb.detections_sent:
-                break
+            if hb is not None and hb.detections_sent + hb.detections_dropped >= count:
+                if bridge.detections + bridge.link.counters.lost >= hb.detections_sent:
+                    break
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
         c = bridge.counters()

@@ -139,7 +139,7 @@ class McuBridge:
             failing = False
             self.connects += 1
             self.link.reset_rx()
-            self._transport = transport  # type: ignore[assignment]
+            self._transport = transport
             self._connected.set()
             log.info("mcu %s: port open at %d baud", self.cfg.port, self.cfg.baud)
             self.send(Hello(0, 0, 0, 0, 0))  # asks the MCU to introduce itself

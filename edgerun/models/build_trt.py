@@ -246,7 +246,7 @@ def _fixed_batch_profile(trt: Any, builder: Any, network: Any, config: Any) -> N
 def entropy_calibrator(trt: Any, cuda: Any, tensors: np.ndarray, spec: TensorSpec, cache_path: Path) -> Any:
     """TensorRT's entropy calibrator over ``tensors``, fed in the input tensor's own dtype."""
 
-    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[name-defined,misc]
+    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):
         """Feeds the calibration tensors one at a time through one device buffer."""
 
         def __init__(self) -> None:

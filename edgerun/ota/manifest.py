@@ -13,13 +13,13 @@ import hashlib
 import json
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from edgerun.ota.errors import Rejected
 
-MANIFEST_SCHEMA = "edgerun.ota.manifest/1"
+MANIFEST_SCHEMA: Final = "edgerun.ota.manifest/1"  # Final: the Literal schema field takes it as its default
 MAX_MANIFEST = 64 * 1024
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -145,6 +145,7 @@ def version_tuple(text: str) -> tuple[int, ...]:
     """ "0.10.2" -> (0, 10, 2); a suffix on a part ("1rc1") counts by its leading digits."""
     parts = []
     for part in text.split("."):
-        digits = re.match(r"\d*", part).group()  # type: ignore[union-attr]
+        leading = re.match(r"\d*", part)
+        digits = leading.group() if leading else ""  # \d* always matches; the check narrows the type
         parts.append(int(digits or 0))
     return tuple(parts)

@@ -13,6 +13,7 @@ import lzma
 import tarfile
 import zlib
 from pathlib import Path
+from typing import TypeVar
 
 from edgerun.ota.errors import OtaError, Rejected
 
@@ -38,11 +39,14 @@ class _Oversized(Exception):
     """Raised inside the scan the moment a limit is passed."""
 
 
+_Info = TypeVar("_Info", bound="_BoundedTarInfo")
+
+
 class _BoundedTarInfo(tarfile.TarInfo):
     """Refuses a pax/GNU extended header bigger than MAX_EXTENDED_HEADER before tarfile reads it into memory."""
 
     @classmethod
-    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:
+    def frombuf(cls: type[_Info], buf: bytes | bytearray, encoding: str, errors: str) -> _Info:
         info = super().frombuf(buf, encoding, errors)
         if info.type in _EXTENDED and info.size > MAX_EXTENDED_HEADER:
             raise _Oversized(f"an extended tar header of {info.size} bytes (at most {MAX_EXTENDED_HEADER})")

@@ -95,7 +95,7 @@ def build_release(
             delta = Delta(
                 base_version=base_bundle.version,
                 base_sha256=sha256_bytes(base),
-                algorithm=algorithm,  # type: ignore[arg-type]
+                algorithm=algorithm,  # type: ignore[arg-type]  # a str: "full" is out above, make_delta takes no other
                 sha256=sha256_bytes(patch),
                 size=len(patch),
                 file=name,

@@ -67,7 +67,9 @@ def perturb_weights(data: bytes, select: Callable[[str], bool], relative: float,
     for w in weight_buffers(data):
         if not select(w.name):
             continue
-        view = np.frombuffer(out, dtype=w.dtype, count=w.nbytes // np.dtype(w.dtype).itemsize, offset=w.offset)
+        view: np.ndarray = np.frombuffer(
+            out, dtype=w.dtype, count=w.nbytes // np.dtype(w.dtype).itemsize, offset=w.offset
+        )
         values = view.astype(np.float64)
         values *= 1.0 + relative * rng.standard_normal(values.shape)
         view[...] = values.astype(w.dtype)

@@ -115,7 +115,7 @@ class InOrder:
 
     def __init__(
         self,
-        emit: Callable[[DetectionBatch], None],
+        emit: Callable[[DetectionBatch], object],
         *,
         max_wait_s: float = ORDER_WAIT_S,
         on_overdue: Callable[[int], None] | None = None,
@@ -194,7 +194,7 @@ class Snapshot:
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.lock = threading.Lock()
-        self.image = None
+        self.image: np.ndarray | None = None
         self.batch: DetectionBatch | None = None
         self._last = 0.0
 
@@ -220,7 +220,7 @@ class Pipeline:
         node_id: str,
         source: Source,
         runtime: ModelRuntime,
-        on_batch: Callable[[DetectionBatch], None],
+        on_batch: Callable[[DetectionBatch], object],  # what it returns is ignored
         settings: PipelineSettings,
         health: ProblemReporter | None = None,
         stats: PipelineStats | None = None,
@@ -528,11 +528,13 @@ class Pipeline:
         guard = self.infer_guard
         t0 = time.monotonic()
         try:
+            tensor = slot.tensor
+            assert tensor is not None  # preprocess bound the slot to this runtime's buffers
             with runtime.serial:
                 if guard is None:
-                    engine.infer(slot.tensor, slot.outputs)
+                    engine.infer(tensor, slot.outputs)
                 else:
-                    guard.infer(runtime, slot.tensor, slot.outputs)
+                    guard.infer(runtime, tensor, slot.outputs)
         except FrameLost as lost:
             self._lose(slot, lost.reason)
             return False

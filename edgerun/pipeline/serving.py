@@ -42,6 +42,8 @@ class ServingOwner(Protocol):
 
     def detach(self) -> None: ...
 
+    def close(self) -> None: ...  # the node closes the owner in charge when it stops
+
 
 class Served(NamedTuple):
     """A model being served: its runtime and the owner that watches its engines (None: called directly)."""

@@ -189,5 +189,5 @@ def metrics_text(registry: CollectorRegistry) -> str:
 
 def node_registry(node: Node) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node))  # type: ignore[arg-type]
+    registry.register(NodeCollector(node))
     return registry

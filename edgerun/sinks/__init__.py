@@ -6,7 +6,7 @@ paho-mqtt or cyclonedds installed still starts with the sinks it has.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgerun.errors import ConfigError
 from edgerun.registry import resolve
@@ -22,7 +22,10 @@ SINK_MODULES: dict[str, str] = {
 }
 
 
-def sink_class(key: str) -> type[Sink]:
-    """The Sink class registered under ``key``; a missing library is one clear error."""
-    cls: type[Sink] = resolve(SINK_MODULES, key, "unknown sink", ConfigError)
+def sink_class(key: str) -> Callable[[Any, str], Sink]:
+    """The Sink class registered under ``key``; a missing library is one clear error.
+
+    Typed by its constructor: every sink takes its own config section and the node id.
+    """
+    cls: Callable[[Any, str], Sink] = resolve(SINK_MODULES, key, "unknown sink", ConfigError)
     return cls

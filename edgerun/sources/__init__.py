@@ -34,5 +34,5 @@ def source_class(key: str) -> type[Source]:
 def make_source(cfg: SourceConfig) -> Source:
     """A closed source for ``cfg.kind``, configured from ``cfg``; the caller opens it."""
     cls = source_class(cfg.kind)
-    factory = cast("Callable[[SourceConfig], Source]", cls.from_config)  # type: ignore[attr-defined]
+    factory = cast("Callable[[SourceConfig], Source]", cls.from_config)
     return factory(cfg)

@@ -382,7 +382,7 @@ class FleetModel:
 
     def _swarm(self, node: NodeView, payload: bytes, now: float) -> None:
         view = self._decode(payload, wire.SwarmView)
-        out = []
+        out: list[dict[str, Any]] = []
         for m in view.members[:MAX_MEMBERS]:
             meta = m.meta or {}
             out.append(

@@ -68,7 +68,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _static(name: str) -> bytes:
-    return resources.files("edgerun.station").joinpath("static", name).read_bytes()
+    return (resources.files("edgerun.station") / "static" / name).read_bytes()  # joinpath takes one part on 3.10
 
 
 def is_loopback(host: str) -> bool:

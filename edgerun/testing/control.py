@@ -146,7 +146,7 @@ class ControlServer:
     def set_skew(self, seconds: float) -> None:
         """Every ``time.time()`` of the process runs ``seconds`` off (payload stamps, gossip, OTA expiry)."""
         self.skew_s = seconds
-        time.time = (lambda: _real_time() + seconds) if seconds else _real_time  # type: ignore[assignment]
+        time.time = (lambda: _real_time() + seconds) if seconds else _real_time
         log.warning("test control: wall clock skewed by %+.1f s", seconds)
 
     def set_ota_crash(self, step: str) -> None:

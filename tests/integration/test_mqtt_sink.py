@@ -98,7 +98,7 @@ def count_attempts(sink: MqttSink) -> list[int]:
         attempts[0] += 1
         return new_client()
 
-    sink._new_client = counted  # type: ignore[method-assign]
+    sink._new_client = counted  # type: ignore[method-assign]  # counts the attempts
     return attempts
 
 

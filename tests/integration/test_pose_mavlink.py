@@ -30,7 +30,7 @@ class Autopilot:
         self.addr = addr
 
     def send(self, msg: object) -> bytes:
-        data = msg.pack(self.mav)  # type: ignore[attr-defined]
+        data = msg.pack(self.mav)  # type: ignore[attr-defined]  # any pymavlink message
         self.sock.sendto(data, self.addr)
         return data
 
@@ -76,7 +76,7 @@ async def until(cond: Callable[[], bool], what: str) -> None:
 
 def run(body: Callable[[MavlinkPoseSource, Autopilot], Awaitable[None]], **cfg: object) -> None:
     async def main() -> None:
-        source = MavlinkPoseSource(PoseConfig(kind="mavlink", url="udpin:127.0.0.1:0", **cfg))  # type: ignore[arg-type]
+        source = MavlinkPoseSource(PoseConfig(kind="mavlink", url="udpin:127.0.0.1:0", **cfg))  # type: ignore[arg-type]  # each test passes PoseConfig fields
         await source.start()
         assert source.local_addr is not None
         pilot = Autopilot(source.local_addr)

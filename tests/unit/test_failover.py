@@ -443,7 +443,7 @@ class _Sleepy:
 
 def test_engine_worker_returns_raises_and_abandons_a_hung_call():
     engine = _Sleepy()
-    worker = EngineWorker(engine, "sleepy")  # type: ignore[arg-type]
+    worker = EngineWorker(engine, "sleepy")  # type: ignore[arg-type]  # a stand-in with infer() only
     out = [np.zeros(3)]
     worker.call(np.arange(3.0), out, 5.0)
     assert out[0].tolist() == [0.0, 1.0, 2.0]

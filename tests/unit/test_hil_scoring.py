@@ -278,7 +278,7 @@ def test_faults_a_real_board_cannot_take_are_listed_not_failed(truth):
         }
     )
     rig = SimpleNamespace(scenario=sc, lab=None, mode_reason="an external broker (real boards)", nodes={})
-    timeline = Timeline(rig, LiveView(Path("/nonexistent")))  # type: ignore[arg-type]
+    timeline = Timeline(rig, LiveView(Path("/nonexistent")))  # type: ignore[arg-type]  # a rig of the fields read
     reasons = [(r.injectable, r.why_not) for r in timeline.records]
     assert reasons[0] == (
         False,

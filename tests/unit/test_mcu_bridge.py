@@ -56,7 +56,7 @@ def test_metrics_expose_link_and_mcu_health() -> None:
     bad[-3] ^= 0x80
     bridge.receive(good + bytes(bad) + encode_message(Heartbeat(5000, 10, 2, 1), 3))
     registry = CollectorRegistry()
-    registry.register(bridge)  # type: ignore[arg-type]
+    registry.register(bridge)  # type: ignore[arg-type]  # a collector by its collect(), not by class
     text = generate_latest(registry).decode()
     assert 'edgerun_mcu_detections_total{port="/dev/ttyTEST"} 1.0' in text
     assert 'edgerun_mcu_dropped_frames_total{port="/dev/ttyTEST",reason="bad_crc"} 1.0' in text

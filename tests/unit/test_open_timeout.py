@@ -66,7 +66,7 @@ def test_failover_closes_an_engine_whose_open_timed_out(monkeypatch, blazeface_b
             real_close()
             closed.set()
 
-        engine.close = close  # type: ignore[method-assign]
+        engine.close = close  # type: ignore[method-assign]  # observes the close
         return build_runtime(blazeface_bundle, engine, (640, 480), cfg.model.score_threshold)
 
     failover = Failover(["tflite"], open_runtime)

@@ -251,7 +251,7 @@ def bomb(bundle_dir: Path, zeros: int) -> bytes:
             def readable(self) -> bool:
                 return True
 
-            def readinto(self, b: memoryview) -> int:  # type: ignore[override]
+            def readinto(self, b: memoryview) -> int:  # type: ignore[override]  # narrower than the buffer protocol
                 n = min(len(b), self.left)
                 b[:n] = bytes(n)
                 self.left -= n
