@@ -61,8 +61,12 @@ bench: $(MODELS)
 	$(BIN)/edgerun bench --model pose_detector --seconds $(SECONDS) --json bench-results/pose_detector.json > /dev/null
 	$(BIN)/edgerun bench --table bench-results/blazeface_short.json bench-results/pose_detector.json
 
+# Lint, format and types; .ci/run runs it first (fast, fails early). Same checks as .pre-commit-config.yaml.
+LINT_PATHS := edgerun swarm hil tests
 lint: $(INSTALLED)
-	$(BIN)/ruff check edgerun swarm hil tests
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/mypy
 
 # The docs site from docs/ and mkdocs.yml into out/site/; --strict turns a broken link or anchor into a failure.
 docs: $(INSTALLED)
