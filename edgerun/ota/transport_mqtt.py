@@ -29,8 +29,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from edgerun.mqtt_client import connect_blocking, connect_in_background, new_client
-from edgerun.ota.errors import OtaError, Rejected
+from edgerun.mqtt_client import connect_blocking, connect_in_background, new_client, publish_confirmed
+from edgerun.ota.errors import Rejected
 from edgerun.ota.manifest import parse_manifest
 from edgerun.ota.rollout_gate import halted_for
 from edgerun.ota.transport import MAX_METADATA, CappedWriter, Offer, RateLimiter, Transport, TransportError
@@ -270,24 +270,24 @@ def publish_release(
     client = new_client(cfg, id_prefix=f"edgerun-ota-publisher-{model}")
     connect_blocking(client, host, port)
     try:
-        pending = []
+        files_messages: list[tuple[str, bytes | str]] = []
         for file in files:
             data = (model_dir / file).read_bytes()
             chunks = [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)]
-            for index, chunk in enumerate(chunks):
-                pending.append(client.publish(file_topic(model, file, str(index)), chunk, qos=1, retain=True))
+            files_messages += [(file_topic(model, file, str(index)), chunk) for index, chunk in enumerate(chunks)]
             index_doc = {
                 "size": len(data),
                 "chunk_size": chunk_size,
                 "chunks": [hashlib.sha256(c).hexdigest() for c in chunks],
             }
-            pending.append(client.publish(file_topic(model, file, "index"), json.dumps(index_doc), qos=1, retain=True))
-        # The release message last: a node that sees it finds every chunk already there.
-        pending.append(client.publish(release_topic(model), encode_release(manifest, sig, keys, keys_sig), 1, True))
-        for info in pending:
-            info.wait_for_publish(timeout)
-            if not info.is_published():
-                raise OtaError(f"mqtt://{host}:{port}: publishing the release timed out")
+            files_messages.append((file_topic(model, file, "index"), json.dumps(index_doc)))
+        broker = f"mqtt://{host}:{port}"
+        hint = "is this the operator's identity?"
+        # Every chunk acknowledged first, the release message last: a node that sees it finds every chunk there,
+        # and a broker that refuses the chunks (its ACL) never gets a release pointing at nothing.
+        publish_confirmed(client, broker, files_messages, timeout=timeout, refused_hint=hint)
+        release = encode_release(manifest, sig, keys, keys_sig)
+        publish_confirmed(client, broker, [(release_topic(model), release)], timeout=timeout, refused_hint=hint)
     finally:
         client.disconnect()
         client.loop_stop()

@@ -95,7 +95,7 @@ def test_the_operator_publishes_and_halts_and_a_node_identity_cannot(
     args, env = login(broker, "drone-a")
     done = edgerun(*publish, *args, env=env)
     assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
-    assert "the broker refused edgerun/fleet/rollouts/" in done.stderr, done.stderr
+    assert "the broker refused edgerun/fleet/releases/" in done.stderr, done.stderr
     station_cfg = MqttSinkConfig(
         username=broker.credentials["station"][0], password=broker.credentials["station"][1], tls_ca=str(broker.ca)
     )
