@@ -316,6 +316,10 @@ class Node:
         if self._aborted:
             return
         self.source = source = make_source(cfg.source)
+        if self.test_control:
+            from edgerun.testing.control import ControlledCamera
+
+            self.source = source = ControlledCamera(source)  # the control socket's "camera gone" switch
         try:
             source.open()
         except SourceError as err:

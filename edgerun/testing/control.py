@@ -28,11 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from edgerun.config import SourceConfig
 from edgerun.engines.base import ENGINE_MODULES, EngineOptions
 from edgerun.engines.tflite import TFLiteEngine
 from edgerun.errors import SourceError
 from edgerun.ota.store import STEPS
+from edgerun.sources.base import Source
 from edgerun.testing.faults import FaultInjectingEngine, FaultPlan
+from edgerun.types import FrameMeta
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,75 @@ class ControlledAccelerator(FaultInjectingEngine):
 def register_test_engines() -> None:
     """Makes ``hilaccel`` a valid engine key in this process (called by ``edgerun run --test-control``)."""
     ENGINE_MODULES.setdefault(ACCELERATOR_KEY, "edgerun.testing.control:ControlledAccelerator")
+
+
+class ControlledCamera(Source):
+    """TEST SOURCE: the node's real source behind the switch that ``{"cmd": "camera"}`` flips.
+
+    ``edgerun run --test-control`` wraps the node's source in one; while ``present`` is False, reads,
+    skips and reopens raise SourceError as an unplugged camera's would.
+    """
+
+    def __init__(self, inner: Source) -> None:
+        self.inner = inner
+        self.present = True
+        self.KEY = inner.KEY  # type: ignore[misc]  # reports as the source it stands in for
+
+    @classmethod
+    def from_config(cls, cfg: SourceConfig) -> Source:
+        raise TypeError("ControlledCamera wraps a built source (edgerun run --test-control)")
+
+    # The node and pipeline read and set these on the source: they are the real source's.
+    @property
+    def width(self) -> int:
+        return self.inner.width
+
+    @width.setter
+    def width(self, value: int) -> None:
+        self.inner.width = value
+
+    @property
+    def height(self) -> int:
+        return self.inner.height
+
+    @height.setter
+    def height(self, value: int) -> None:
+        self.inner.height = value
+
+    @property
+    def fps(self) -> float:
+        return self.inner.fps
+
+    @fps.setter
+    def fps(self, value: float) -> None:
+        self.inner.fps = value
+
+    @property
+    def synthetic_clock(self) -> bool:
+        return self.inner.synthetic_clock
+
+    @synthetic_clock.setter
+    def synthetic_clock(self, value: bool) -> None:
+        self.inner.synthetic_clock = value
+
+    def _check_present(self) -> None:
+        if not self.present:
+            raise SourceError("camera disconnected (test control)")
+
+    def open(self) -> None:
+        self._check_present()
+        self.inner.open()
+
+    def read(self, image: np.ndarray, seq: int) -> FrameMeta | None:
+        self._check_present()
+        return self.inner.read(image, seq)
+
+    def skip(self, count: int) -> int:
+        self._check_present()
+        return self.inner.skip(count)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class ControlServer:
@@ -169,17 +243,9 @@ class ControlServer:
     def set_camera(self, present: bool) -> None:
         """A camera that disappears: reads and reopens raise SourceError until it is back."""
         source = self.node.source
+        if source is not None and not isinstance(source, ControlledCamera):
+            raise ValueError("the node's source has no test switch (not built with --test-control)")
         self.camera_present = present
-        if source is None:
-            return
-        if present:
-            source.__dict__.pop("read", None)
-            source.__dict__.pop("open", None)
-        else:
-
-            def gone(*args: Any, **kwargs: Any) -> Any:
-                raise SourceError("camera disconnected (test control)")
-
-            source.read = gone
-            source.open = gone
+        if source is not None:
+            source.present = present
         log.warning("test control: camera %s", "back" if present else "gone")

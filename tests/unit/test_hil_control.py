@@ -19,7 +19,7 @@ from edgerun.errors import SourceError
 from edgerun.node import Node
 from edgerun.ota.updater import Updater
 from edgerun.sources.replay import ReplaySource
-from edgerun.testing.control import ACCELERATOR_PLAN, ControlServer
+from edgerun.testing.control import ACCELERATOR_PLAN, ControlledCamera, ControlServer
 from tests.conftest import REPO
 from tests.unit.test_ota_release import Fleet
 
@@ -41,7 +41,7 @@ def control(tmp_path):
         }
     )
     node = Node(cfg)
-    node.source = source = ReplaySource(cfg.source.replay)
+    node.source = source = ControlledCamera(ReplaySource(cfg.source.replay))  # as --test-control builds it
     node.updater = Updater(node, cfg.ota)
     node.updater.store.ensure_dirs()
     source.open()
