@@ -29,6 +29,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from edgerun import wire
 from edgerun.mqtt_client import connect_blocking, connect_in_background, new_client, publish_confirmed
 from edgerun.ota.errors import Rejected
 from edgerun.ota.manifest import parse_manifest
@@ -68,19 +71,20 @@ def encode_release(manifest: bytes, manifest_sig: str, keys: bytes | None, keys_
 
 
 def decode_release(payload: bytes, source: str) -> Offer:
-    """The retained release message, length-checked before parsing."""
+    """The retained release message, length-checked before parsing, decoded through edgerun.wire."""
     if len(payload) > MAX_ENVELOPE:
         raise TransportError(f"{source}: release message larger than {MAX_ENVELOPE} bytes")
     try:
-        doc = json.loads(payload)
-        if doc.get("schema") != RELEASE_SCHEMA:
-            raise ValueError(f"schema {doc.get('schema')!r}")
-        manifest = base64.b64decode(doc["manifest"], validate=True)
-        keys = None if doc.get("keys") is None else base64.b64decode(doc["keys"], validate=True)
-        manifest_sig, keys_sig = str(doc["manifest_sig"]), doc.get("keys_sig")
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error, RecursionError) as err:
+        # The schema first: the envelope's default must not pass a message that names none.
+        schema = msgspec.json.decode(payload, type=wire.Head).schema
+        if schema != RELEASE_SCHEMA:
+            raise ValueError(f"schema {schema!r}")
+        envelope = msgspec.json.decode(payload, type=wire.ReleaseEnvelope)
+        manifest = base64.b64decode(envelope.manifest, validate=True)
+        keys = None if envelope.keys is None else base64.b64decode(envelope.keys, validate=True)
+    except (ValueError, binascii.Error, RecursionError) as err:  # msgspec.DecodeError is a ValueError
         raise TransportError(f"{source}: malformed release message ({err})") from None
-    return Offer(source, manifest, manifest_sig, keys, None if keys_sig is None else str(keys_sig))
+    return Offer(source, manifest, envelope.manifest_sig, keys, envelope.keys_sig)
 
 
 class MqttTransport(Transport):
