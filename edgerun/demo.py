@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from edgerun.config import Config, parse_config
+from edgerun.hostport import parse_hostport
 from edgerun.node import Node
 from edgerun.testing.scoring import MATCH_IOU, MIN_TRUTH_HEIGHT_PX, greedy_matches, iou_matrix
 from edgerun.types import DetectionBatch
@@ -177,8 +178,8 @@ def add_demo_settings(
         model = str(ensure_demo_bundle().root)
     data["model"] = {"bundle": model}
     if mqtt:
-        host, _, port = mqtt.rpartition(":")
-        data["sinks"]["mqtt"] = {"enabled": True, "host": host or "127.0.0.1", "port": int(port)}
+        host, port = parse_hostport(mqtt, "--mqtt")
+        data["sinks"]["mqtt"] = {"enabled": True, "host": host, "port": port}
     if dds:
         data["sinks"]["dds"] = {"enabled": True}
 

@@ -33,6 +33,7 @@ import tomli_w
 
 from edgerun.config import ReplayConfig, parse_config
 from edgerun.demo import LocalListeners, add_demo_settings
+from edgerun.hostport import parse_hostport
 from edgerun.sources.replay import ReplaySource
 from edgerun.testing.jsonl_reader import JsonlTail, read_jsonl
 from edgerun.testing.ports import free_port, free_tcp_udp_port
@@ -408,8 +409,8 @@ def _fly(
 ) -> dict[str, Any]:
     listeners = None
     if mqtt or dds:
-        port = int(mqtt.rpartition(":")[2]) if mqtt and mqtt.startswith("127.0.0.1:") else None
-        listeners = LocalListeners(out_dir, port, dds)
+        host, port = parse_hostport(mqtt, "--mqtt") if mqtt else ("", 0)
+        listeners = LocalListeners(out_dir, port if host == "127.0.0.1" else None, dds)
         time.sleep(1.0)  # let the subscribers connect and match before the first frame
     t0 = time.monotonic()
     try:

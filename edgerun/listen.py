@@ -21,6 +21,7 @@ import msgspec
 
 from edgerun import wire
 from edgerun.errors import EdgerunError
+from edgerun.hostport import parse_hostport
 
 DEFAULT_MQTT_TOPIC = "edgerun/+/detections"
 DEFAULT_MAX_BYTES = 1 << 20
@@ -166,17 +167,11 @@ class Printer:
 
 
 def parse_host_port(text: str, default_port: int = 1883) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text or "127.0.0.1", default_port
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        number = int(port)
-    except ValueError:
-        raise EdgerunError(f"listen: --mqtt: expected HOST:PORT, got {text!r}") from None
-    if not 0 < number < 65536:
-        raise EdgerunError(f"listen: --mqtt: port must be 1..65535, got {number}")
-    return host, number
+    """``--mqtt HOST:PORT`` (edgerun.hostport) of a broker to connect to, so port 0 is no port."""
+    host, port = parse_hostport(text, "listen: --mqtt", default_port, error=EdgerunError)
+    if port == 0:
+        raise EdgerunError(f"listen: --mqtt: port must be 1..65535, got {port}")
+    return host, port
 
 
 def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgerun.hostport import parse_hostport
 from edgerun.models.bundle import ModelBundle, load_bundle, write_manifest
 from edgerun.models.demo import ensure_demo_bundle
 from edgerun.ota.minisign import SecretKey
@@ -77,8 +78,8 @@ def main(argv: list[str]) -> int:
         return 2
     from edgerun.ota.transport_mqtt import publish_release
 
-    host, _, port = argv[3].rpartition(":")
-    publish_release(Path(argv[1]), argv[2], host, int(port))
+    host, port = parse_hostport(argv[3], "HOST:PORT")
+    publish_release(Path(argv[1]), argv[2], host, port)
     return 0
 
 

@@ -30,6 +30,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgerun import wire
+from edgerun.hostport import parse_hostport
 from edgerun.mqtt_client import MQTT_CLEAN_START_FIRST_ONLY, connect_in_background, new_client
 
 TOPICS = (
@@ -97,7 +98,7 @@ def scrape(name: str, url: str) -> dict[str, Any]:
 
 def run_observer(broker: str, nodes: dict[str, str], out: Path, stop: threading.Event) -> int:
     recorder = Recorder(out)
-    host, _, port = broker.rpartition(":")
+    host, port = parse_hostport(broker, "--broker")
 
     def on_message(client: Any, userdata: Any, message: Any) -> None:
         t = time.time()
@@ -120,8 +121,8 @@ def run_observer(broker: str, nodes: dict[str, str], out: Path, stop: threading.
     # broker coming back and this client resubscribing is queued for it, not lost to the record.
     connect_in_background(
         client,
-        host or "127.0.0.1",
-        int(port),
+        host,
+        port,
         keepalive=10,
         session_expiry_s=3600,
         clean_start=MQTT_CLEAN_START_FIRST_ONLY,

@@ -28,6 +28,7 @@ from edgerun.config import parse_config
 # The rig flies the demo's scene (its spacing, side steps and truth label) so a HIL run is scored like the demo.
 from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, write_swarm_key
 from edgerun.errors import EdgerunError
+from edgerun.hostport import parse_hostport
 from edgerun.sinks.mosquitto import Mosquitto
 from edgerun.testing.control import DEFAULT_SOCKET, register_test_engines
 from edgerun.testing.ports import free_port, free_tcp_udp_port
@@ -139,8 +140,7 @@ class Rig:
             self.broker_node = self.lab.add_node("broker")
             self.broker_host = self.broker_node.ip
         elif scenario.broker.address:
-            host, _, port = scenario.broker.address.rpartition(":")
-            self.broker_host, self.broker_port = host, int(port)
+            self.broker_host, self.broker_port = parse_hostport(scenario.broker.address, "broker.address")
         else:
             self.broker_port = free_port()
         if not scenario.broker.address:

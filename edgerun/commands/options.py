@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.errors import ConfigError, EdgerunError
+from edgerun.hostport import parse_hostport as parse_hostport  # the commands' HOST:PORT options
 
 # -- logging -------------------------------------------------------------------------------
 
@@ -28,21 +29,6 @@ def setup_logging(level: str) -> None:
 
 
 # -- addresses -----------------------------------------------------------------------------
-
-
-def parse_hostport(text: str, what: str, default_port: int) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPV6]:PORT`` or ``HOST`` alone (``default_port``); an empty host is 127.0.0.1."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = text, str(default_port)
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
-    return host, number
 
 
 # -- passwords -----------------------------------------------------------------------------

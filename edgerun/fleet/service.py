@@ -18,7 +18,7 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
-from edgerun import wire
+from edgerun import hostport, wire
 from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
@@ -42,10 +42,8 @@ def camera_pose(pose: Pose) -> CameraPose:
 
 
 def parse_hostport(text: str, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what}: expected host:port, got {text!r}")
-    return host.strip("[]"), int(port)
+    """A swarm address setting (``swarm.bind``, ``swarm.seeds[i]``): host and port both required."""
+    return hostport.parse_hostport(text, what, default_host=None)
 
 
 def swarm_timing(cfg: SwarmConfig) -> SwarmTiming:

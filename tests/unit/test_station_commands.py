@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -74,3 +75,19 @@ def test_hostport_and_ground_defaults(tmp_path):
     image.write_bytes(b"\x89PNG")
     assert prepare_ground(str(image), "-10,-10,30,30", tmp_path) == (image, (-10.0, -10.0, 30.0, 30.0))
     assert prepare_ground(None, None, tmp_path) == (None, (0.0, 0.0, 40.0, 40.0))
+
+
+def test_one_hostport_parser_keeps_each_callers_error():
+    from edgerun.errors import ConfigError, EdgerunError
+    from edgerun.fleet.service import parse_hostport as swarm_address
+    from edgerun.listen import parse_host_port
+
+    assert parse_hostport(":1883", "--mqtt", 1883) == ("127.0.0.1", 1883)
+    assert parse_host_port("broker") == ("broker", 1883)
+    with pytest.raises(EdgerunError, match="listen: --mqtt: port must be 1..65535, got 0") as listen_err:
+        parse_host_port("broker:0")
+    assert not isinstance(listen_err.value, ConfigError)  # listen exits 1, not the config error's 2
+    assert swarm_address("[::1]:7946", "swarm.bind") == ("::1", 7946)
+    for text in ("node-2", ":7946", "node-2:x", "node-2:+7946"):  # a swarm address names both host and port
+        with pytest.raises(ConfigError, match=re.escape(f"swarm.seeds[0]: expected HOST:PORT, got '{text}'")):
+            swarm_address(text, "swarm.seeds[0]")
