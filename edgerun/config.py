@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from edgerun import wire
 from edgerun.errors import ConfigError
 from edgerun.tomlfile import load_toml
 
@@ -122,7 +123,7 @@ class MqttSinkConfig(Section):
     port: Port = 1883
     client_id: str = ""  # empty: "edgerun-<node id>"
     topic_prefix: str = ""  # empty: "edgerun/<node id>/"
-    fleet_topic: str = "edgerun/fleet/objects"  # fleet objects this node owns (edgerun.object/1), fleet-wide
+    fleet_topic: str = wire.FLEET_OBJECTS_TOPIC  # fleet objects this node owns (edgerun.object/1), fleet-wide
     qos_detections: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
     qos_events: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
     qos_metrics: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
