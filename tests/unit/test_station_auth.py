@@ -115,14 +115,14 @@ def test_host_names_and_bind_policy():
     assert host_name("127.0.0.1") == "127.0.0.1"
     check_bind_policy("127.0.0.1", users=False, public_view=False)
     check_bind_policy("::1", users=False, public_view=False)
-    check_bind_policy("0.0.0.0", users=True, public_view=False)
-    check_bind_policy("0.0.0.0", users=False, public_view=True)
+    check_bind_policy("::", users=True, public_view=False)
+    check_bind_policy("::", users=False, public_view=True)
     with pytest.raises(
         ConfigError,
-        match=r"^binding 0.0.0.0 needs --users FILE \(edgerun station passwd\) or "
+        match=r"^binding :: needs --users FILE \(edgerun station passwd\) or "
         r"--public-view for a read-only page$",
     ):
-        check_bind_policy("0.0.0.0", users=False, public_view=False)
+        check_bind_policy("::", users=False, public_view=False)
 
 
 def test_node_nets_and_snapshot_token_file(tmp_path):
@@ -152,6 +152,6 @@ def test_an_advertised_address_is_used_only_inside_an_allowed_net():
     assert where("10.42.0.7:8081", ["10.42.0.0/16"]) == "10.42.0.7:8081"
     assert where("10.43.0.7:8081", ["10.42.0.0/16"]) == ""
     assert where("169.254.169.254:80", ["10.42.0.0/16"]) == ""
-    assert where("internal.example:80", ["0.0.0.0/0"]) == ""  # a name could resolve anywhere
+    assert where("internal.example:80", ["::/0"]) == ""  # a name could resolve anywhere
     assert where("[fd00::7]:8081", ["fd00::/8"]) == "[fd00::7]:8081"
     assert where("10.43.0.7:8081", ["10.42.0.0/16"], {"n1": "10.43.0.7:8081"}) == "10.43.0.7:8081"

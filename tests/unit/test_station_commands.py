@@ -24,8 +24,8 @@ from edgerun.commands.station import load_truth, prepare_ground
         (["fleet", "promote", "--percent", "0", "--signing-key", "k"], "--percent: expected within (0, 100], got 0"),
         (["station"], "--mqtt HOST:PORT: say where the fleet's broker is"),
         (
-            ["station", "--mqtt", "h:1", "--bind", "0.0.0.0:8080"],
-            "binding 0.0.0.0 needs --users FILE (edgerun station passwd) or --public-view for a read-only page",
+            ["station", "--mqtt", "h:1", "--bind", "[::]:8080"],
+            "binding :: needs --users FILE (edgerun station passwd) or --public-view for a read-only page",
         ),
         (["station", "--mqtt", "h:1", "--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
         (["station", "--mqtt", "h:1", "--node-net", "drones"], "--node-net: expected an address range"),
