@@ -8,6 +8,7 @@ turned into one line naming the key path, what was expected and what was found:
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import types
@@ -20,6 +21,7 @@ import msgspec
 from edgerun import wire
 from edgerun.errors import ConfigError
 from edgerun.tomlfile import load_toml
+from swarm.geo import DEFAULT_ANCHOR
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -51,6 +53,10 @@ class ReplayConfig(Section):
     path_offset_m: float = 0.0  # start this far along the flight path from the seeded start (negative: behind)
     east_offset_m: float = 0.0  # the whole path shifted east (metres)
     north_offset_m: float = 0.0  # ... and north
+    # Where the scene lies on Earth: [lat, lon] (WGS84) of its local origin and the AMSL height of its flat ground,
+    # so fleet objects carry true lat/lon. Default swarm.geo.DEFAULT_ANCHOR: a field near Llanberis, Snowdonia.
+    origin: list[float] = msgspec.field(default_factory=lambda: list(DEFAULT_ANCHOR[:2]))
+    ground_alt_m: float = DEFAULT_ANCHOR[2]
 
 
 class PoseConfig(Section):
@@ -433,6 +439,11 @@ def _check_semantics(cfg: Config) -> None:
         raise ConfigError("source.path: required when source.kind is 'images'")
     if cfg.source.reopen_backoff_max_s < cfg.source.reopen_backoff_s:
         raise ConfigError("source.reopen_backoff_max_s: expected >= source.reopen_backoff_s")
+    replay = cfg.source.replay
+    if not (len(replay.origin) == 2 and -90.0 <= replay.origin[0] <= 90.0 and -180.0 <= replay.origin[1] <= 180.0):
+        raise ConfigError(f"source.replay.origin: expected [latitude, longitude] in degrees, got {replay.origin}")
+    if not math.isfinite(replay.ground_alt_m):
+        raise ConfigError(f"source.replay.ground_alt_m: expected a finite height in metres, got {replay.ground_alt_m}")
     pose = cfg.source.pose
     if pose.origin and not (
         len(pose.origin) == 2 and -90.0 <= pose.origin[0] <= 90.0 and -180.0 <= pose.origin[1] <= 180.0

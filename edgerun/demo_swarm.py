@@ -38,7 +38,7 @@ from edgerun.sources.replay import ReplaySource
 from edgerun.testing.jsonl_reader import JsonlTail, read_jsonl
 from edgerun.testing.ports import free_port, free_tcp_udp_port
 from edgerun.testing.scoring import MIN_TRUTH_HEIGHT_PX, greedy_matches, iou_matrix
-from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA
+from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
 
 # Drone k starts this far behind drone 0 along the path, and this far to the side: overlapping views.
 SPACING_M = 3.0
@@ -231,7 +231,7 @@ class FleetScore:
     def add(self, drone: str, row: dict[str, Any]) -> None:
         tally = self.tallies[drone]
         schema = row.get("schema")
-        if schema == OBJECT_SCHEMA:
+        if schema in (OBJECT_SCHEMA, OBJECT_SCHEMA_V1):
             tally.objects.add(str(row.get("id")))
             self.reports.setdefault(str(row.get("id")), row)
             return

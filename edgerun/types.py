@@ -20,7 +20,12 @@ PAYLOAD_SCHEMA = wire.DETECTIONS_SCHEMA
 
 @dataclass(slots=True)
 class Pose:
-    """Camera pose: position in a local east/north/up frame (metres) and attitude (degrees)."""
+    """Camera pose: position in a local east/north/up frame (metres) and attitude (degrees).
+
+    ``origin_lat``/``origin_lon`` (WGS84 degrees) and ``ground_alt_m`` (metres above mean sea level) place
+    that frame on Earth: its origin, and the height of its flat ground (the plane up = 0), so ``up_m`` is
+    the camera's height above the ground. None: a frame with no geographic anchor (its finds get no lat/lon).
+    """
 
     east_m: float
     north_m: float
@@ -29,6 +34,16 @@ class Pose:
     pitch_deg: float = 0.0
     roll_deg: float = 0.0
     hfov_deg: float = 60.0
+    origin_lat: float | None = None
+    origin_lon: float | None = None
+    ground_alt_m: float | None = None
+
+    @property
+    def anchor(self) -> tuple[float, float, float] | None:
+        """(lat, lon, ground AMSL m) of the frame's origin, or None when the frame is not on the map."""
+        if self.origin_lat is None or self.origin_lon is None or self.ground_alt_m is None:
+            return None
+        return (self.origin_lat, self.origin_lon, self.ground_alt_m)
 
     def to_wire(self) -> wire.Pose:
         return wire.Pose(

@@ -11,7 +11,7 @@ Topics (``<node>`` is the node id; ``edgerun/<node>/`` is a node's default prefi
     edgerun/<node>/status             text "online" (retained); the will and a clean stop say "offline"
     edgerun/<node>/metrics            Metrics     (edgerun.metrics/1), periodic
     edgerun/<node>/swarm              SwarmView   (edgerun.swarm/1), retained
-    edgerun/fleet/objects             FleetObject (edgerun.object/1), reported by the object's owner
+    edgerun/fleet/objects             FleetObject (edgerun.object/2: lat/lon), reported by the object's owner
     edgerun/fleet/releases/<model>    the signed release (edgerun.ota.release/1, retained); files below it
     edgerun/fleet/rollouts/<model>    RolloutEnvelope (edgerun.rollout/1, retained, signed)
     edgerun/station/events            a station's events (edgerun.event/1, node "station")
@@ -33,6 +33,10 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from swarm.dedup import OBJECT_SCHEMA as OBJECT_SCHEMA  # swarm builds objects itself and never imports edgerun
+
+# Version 1 of fleet objects (east_m/north_m in each drone's own frame, no lat/lon): still read by the station,
+# `edgerun listen` and the export for one release, so a fleet can be upgraded node by node.
+OBJECT_SCHEMA_V1: Final = "edgerun.object/1"
 
 # -- schema ids ---------------------------------------------------------------------------------
 
@@ -141,17 +145,23 @@ class Detections(msgspec.Struct, kw_only=True):
     detections: list[Detection]
 
 
-# -- edgerun.object/1 (edgerun/schema/object-v1.json) -------------------------------------------
+# -- edgerun.object/2 (edgerun/schema/object-v2.json) -------------------------------------------
+
+Latitude = Annotated[float, msgspec.Meta(ge=-90.0, le=90.0)]
+Longitude = Annotated[float, msgspec.Meta(ge=-180.0, le=180.0)]
 
 
-class FleetObject(msgspec.Struct, kw_only=True):
-    """One object on the ground, as its owner reports it (swarm.dedup.FleetObject.to_payload)."""
+class FleetObject(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One object on the ground, as its owner reports it (swarm.dedup.FleetObject.to_payload, plus the owner's
+    local east/north and their ``origin`` from edgerun.fleet.service)."""
 
-    schema: Literal["edgerun.object/1"] = OBJECT_SCHEMA
+    # Required, not defaulted: omit_defaults (so an absent east/north is no null) would drop a default schema.
+    schema: Literal["edgerun.object/2"]
     id: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
     label: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
-    east_m: float
-    north_m: float
+    lat: Latitude
+    lon: Longitude
+    alt_m: Finite  # the ground's height above mean sea level
     uncertainty_m: NonNegative
     first_seen: float
     last_seen: float
@@ -159,29 +169,47 @@ class FleetObject(msgspec.Struct, kw_only=True):
     owner: Name
     seen_by: Annotated[list[Name], msgspec.Meta(min_length=1)]
     ts: float
+    east_m: Finite | None = None  # convenience: metres east/north of origin = [lat, lon, alt_m]
+    north_m: Finite | None = None
+    origin: Annotated[list[Finite], msgspec.Meta(min_length=3, max_length=3)] | None = None
 
     def __post_init__(self) -> None:
         if len(set(self.seen_by)) != len(self.seen_by):
             raise ValueError("seen_by names a node twice")
+        if (self.east_m is None) != (self.north_m is None) or (self.east_m is not None and self.origin is None):
+            raise ValueError("east_m and north_m come together, with their origin")
 
 
 class ObjectReport(msgspec.Struct):
-    """What the station accepts as a fleet object: the fields it shows, from any producer of version 1.
+    """What the station and the tools accept as a fleet object: the fields they show, from any producer of
+    version 2 (lat/lon) or version 1 (east/north only).
 
     Looser than FleetObject on purpose: an id may be a number and ``seen_by`` a count.
     """
 
     id: str | int
     label: str
-    east_m: Finite
-    north_m: Finite
-    schema: Literal["edgerun.object/1"] = OBJECT_SCHEMA
+    schema: Literal["edgerun.object/2", "edgerun.object/1"] | None = None  # None: either position will do
+    lat: Latitude | None = None
+    lon: Longitude | None = None
+    alt_m: Finite | None = None
+    east_m: Finite | None = None
+    north_m: Finite | None = None
     uncertainty_m: Finite | None = None
     first_seen: Finite | None = None
     last_seen: Finite | None = None
     score: Finite | None = None
     owner: str = ""
     seen_by: list[Any] | int | None = None
+
+    def __post_init__(self) -> None:
+        local, geo = self.east_m is not None and self.north_m is not None, self.lat is not None and self.lon is not None
+        if self.schema == OBJECT_SCHEMA_V1 and not local:
+            raise ValueError("edgerun.object/1 needs east_m and north_m")
+        if self.schema == OBJECT_SCHEMA and not geo:
+            raise ValueError("edgerun.object/2 needs lat and lon")
+        if not (local or geo):
+            raise ValueError("a fleet object needs lat/lon or east_m/north_m")
 
 
 # -- edgerun.swarm/1 ----------------------------------------------------------------------------

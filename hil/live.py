@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.testing.jsonl_reader import JsonlTail
-from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA
+from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LiveView:
                     view.last_ts_offset = float(payload["ts"]) - t
                 model = payload.get("model") or {}
                 view.engine, view.version = str(model.get("engine", "")), int(model.get("version") or 0)
-            elif schema == OBJECT_SCHEMA:
+            elif schema in (OBJECT_SCHEMA, OBJECT_SCHEMA_V1):
                 self.objects.add(str(payload.get("id")))
             elif str(row.get("topic", "")).endswith("/events"):
                 self.nodes[str(payload.get("node"))].events.append({"t": t, **payload})

@@ -26,7 +26,7 @@ import numpy as np
 # The rig flies the demo's scene, so a run is scored with the demo's fleet score (its drones, truth label).
 from edgerun.demo_swarm import TRUTH_LABEL, Drone, FleetScore
 from edgerun.testing.jsonl_reader import read_jsonl
-from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA
+from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
 from hil.scenario import Scenario
 
 KILL_IN_FLIGHT_S = 3.0  # batches captured this close before a SIGKILL may die in the node's outbox, uncounted
@@ -71,7 +71,7 @@ def score_records(
             continue
         if payload.get("schema") == DETECTIONS_SCHEMA:
             batches[str(payload.get("node"))].append((float(row["t"]), payload))
-        elif payload.get("schema") == OBJECT_SCHEMA:
+        elif payload.get("schema") in (OBJECT_SCHEMA, OBJECT_SCHEMA_V1):
             objects.append((float(row["t"]), payload))
     names = list(nodes_info) + [n for n in run.get("real_nodes", {}) if n not in nodes_info]
     fleet = _fleet_score(nodes_info, batches, objects, scenario)

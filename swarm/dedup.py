@@ -8,6 +8,9 @@ claim replaces a queued older one) and publishes what ``tick`` returns.
 * A node's successive fixes of one class within a distance gate are one track;
   each track is a ``Claim`` (class, position, uncertainty, first/last seen, best
   score, node, track id, whether its object was reported).
+* Positions are geodetic (WGS84 latitude/longitude and the ground's height above
+  mean sea level), the one frame every drone agrees on whatever its launch point;
+  distances between claims and fixes are horizontal (``swarm.geo.ground_offset_m``).
 * Two claims of one class are the same object when their positions agree within
   ``radius_m`` widened by their uncertainties and their seen intervals overlap
   within ``window_s``; an object is a connected group of such claims, so every
@@ -52,7 +55,9 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-OBJECT_SCHEMA: Final = "edgerun.object/1"  # Final: read as its literal by edgerun.wire's Literal schema field
+from swarm.geo import ground_offset_m, offset_latlon
+
+OBJECT_SCHEMA: Final = "edgerun.object/2"  # Final: read as its literal by edgerun.wire's Literal schema field
 CLAIM_TAG = 1  # first element of every claim payload (other app gossip uses other tags)
 
 
@@ -103,11 +108,16 @@ class DedupConfig:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """One ground fix of this node: a detection of ``label`` projected onto the ground."""
+    """One ground fix of this node: a detection of ``label`` projected onto the ground.
+
+    ``lat``/``lon`` in WGS84 degrees; ``alt_m`` is the height (above mean sea level) of the ground the fix
+    was projected onto.
+    """
 
     label: str
-    east_m: float
-    north_m: float
+    lat: float
+    lon: float
+    alt_m: float
     sigma_m: float
     score: float
 
@@ -118,13 +128,14 @@ I32 = Annotated[int, msgspec.Meta(ge=-0x80000000, le=0x7FFFFFFF)]
 
 
 class Claim(msgspec.Struct, array_like=True, frozen=True, tag=CLAIM_TAG):
-    """One track of one node, as gossiped: integers in fixed units keep it small (about 45 bytes)."""
+    """One track of one node, as gossiped: integers in fixed units keep it small (about 55 bytes)."""
 
     node: NodeId
     track: U32
     label: Annotated[str, msgspec.Meta(max_length=32)]
-    east_dm: I32  # decimetres
-    north_dm: I32
+    lat_e7: Annotated[int, msgspec.Meta(ge=-900_000_000, le=900_000_000)]  # 1e-7 degree (1.1 cm), as MAVLink
+    lon_e7: Annotated[int, msgspec.Meta(ge=-1_800_000_000, le=1_800_000_000)]
+    alt_dm: I32  # the ground's height above mean sea level, decimetres
     sigma_dm: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF)]
     first_ms: Annotated[int, msgspec.Meta(ge=0, le=2**53)]  # wall clock, Unix milliseconds
     span_ms: U32  # last seen - first seen
@@ -136,12 +147,16 @@ class Claim(msgspec.Struct, array_like=True, frozen=True, tag=CLAIM_TAG):
         return (self.node, self.track)
 
     @property
-    def east_m(self) -> float:
-        return self.east_dm / 10.0
+    def lat(self) -> float:
+        return self.lat_e7 / 1e7
 
     @property
-    def north_m(self) -> float:
-        return self.north_dm / 10.0
+    def lon(self) -> float:
+        return self.lon_e7 / 1e7
+
+    @property
+    def alt_m(self) -> float:
+        return self.alt_dm / 10.0
 
     @property
     def sigma_m(self) -> float:
@@ -153,8 +168,8 @@ class Claim(msgspec.Struct, array_like=True, frozen=True, tag=CLAIM_TAG):
 
     def version(self) -> tuple[Any, ...]:
         """Newer claims of one track compare greater (a restarted node's tracks start later): any order converges."""
-        return (self.first_ms, self.span_ms, self.reported, self.score_pm, self.sigma_dm, self.east_dm,
-                self.north_dm, self.label)  # fmt: skip
+        return (self.first_ms, self.span_ms, self.reported, self.score_pm, self.sigma_dm, self.lat_e7,
+                self.lon_e7, self.alt_dm, self.label)  # fmt: skip
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -194,21 +209,31 @@ def same_object(a: Claim, b: Claim, cfg: DedupConfig) -> bool:
     if a.first_ms - window_ms > b.last_ms or b.first_ms - window_ms > a.last_ms:
         return False
     gate = min(cfg.radius_m + cfg.sigma_gate * math.hypot(a.sigma_m, b.sigma_m), max(cfg.radius_m, cfg.max_gate_m))
-    return math.hypot(a.east_m - b.east_m, a.north_m - b.north_m) <= gate
+    return math.hypot(*ground_offset_m(a.lat, a.lon, b.lat, b.lon)) <= gate
 
 
 class _ClaimIndex:
-    """Claims bucketed by class and ground cell, for finding the group of one claim without comparing all pairs."""
+    """Claims bucketed by class and ground cell, for finding the group of one claim without comparing all pairs.
+
+    Cells are squares of a plane at the first claim; they are a quarter larger than the widest gate, so the
+    plane's distortion far from that claim cannot push two claims within a gate more than one cell apart.
+    """
 
     def __init__(self, claims: list[Claim], cfg: DedupConfig) -> None:
         self.cfg = cfg
-        self.cell = max(cfg.radius_m, cfg.max_gate_m)
+        self.cell = 1.25 * max(cfg.radius_m, cfg.max_gate_m)
+        self.origin = (claims[0].lat, claims[0].lon) if claims else (0.0, 0.0)
+        self.cells: dict[tuple[str, int], tuple[str, int, int]] = {}
         self.buckets: dict[tuple[str, int, int], list[Claim]] = {}
         for c in claims:
             self.buckets.setdefault(self._cell_of(c), []).append(c)
 
     def _cell_of(self, c: Claim) -> tuple[str, int, int]:
-        return (c.label, math.floor(c.east_m / self.cell), math.floor(c.north_m / self.cell))
+        cell = self.cells.get(c.key)
+        if cell is None:
+            east, north = ground_offset_m(self.origin[0], self.origin[1], c.lat, c.lon)
+            cell = self.cells[c.key] = (c.label, math.floor(east / self.cell), math.floor(north / self.cell))
+        return cell
 
     def group(self, start: Claim) -> list[Claim]:
         """Every claim connected to ``start`` by same_object (its object), in owner order."""
@@ -241,13 +266,14 @@ def group_owners(claims: list[Claim], cfg: DedupConfig) -> dict[tuple[str, int],
 
 @dataclass(frozen=True, slots=True)
 class FleetObject:
-    """One object as the fleet reports it (schema ``edgerun.object/1``)."""
+    """One object as the fleet reports it (schema ``edgerun.object/2``): where on Earth, how sure, who saw it."""
 
     id: str
     label: str
-    east_m: float
-    north_m: float
-    uncertainty_m: float
+    lat: float
+    lon: float
+    alt_m: float  # the height above mean sea level of the ground the object was located on
+    uncertainty_m: float  # one sigma, horizontal
     first_seen: float  # wall clock, Unix seconds
     last_seen: float
     score: float
@@ -263,11 +289,16 @@ class FleetObject:
         weights = [1.0 / max(c.sigma_m, 0.1) ** 2 for c in members]
         total = sum(weights)
         first = min(members, key=lambda c: (c.first_ms, c.node, c.track))
+        offsets = [ground_offset_m(first.lat, first.lon, c.lat, c.lon) for c in members]
+        east = sum(w * o[0] for w, o in zip(weights, offsets)) / total
+        north = sum(w * o[1] for w, o in zip(weights, offsets)) / total
+        lat, lon = offset_latlon(first.lat, first.lon, east, north)
         return cls(
             id=object_id(first),
             label=first.label,
-            east_m=sum(w * c.east_m for w, c in zip(weights, members)) / total,
-            north_m=sum(w * c.north_m for w, c in zip(weights, members)) / total,
+            lat=lat,
+            lon=lon,
+            alt_m=sum(w * c.alt_m for w, c in zip(weights, members)) / total,
             uncertainty_m=math.sqrt(1.0 / total),
             first_seen=first.first_ms / 1000.0,
             last_seen=max(c.last_ms for c in members) / 1000.0,
@@ -278,13 +309,14 @@ class FleetObject:
         )
 
     def to_payload(self) -> dict[str, Any]:
-        """The JSON object documented in docs/payloads.md and edgerun/schema/object-v1.json."""
+        """The JSON object documented in docs/payloads.md and edgerun/schema/object-v2.json."""
         return {
             "schema": OBJECT_SCHEMA,
             "id": self.id,
             "label": self.label,
-            "east_m": round(self.east_m, 2),
-            "north_m": round(self.north_m, 2),
+            "lat": round(self.lat, 7),
+            "lon": round(self.lon, 7),
+            "alt_m": round(self.alt_m, 2),
             "uncertainty_m": round(self.uncertainty_m, 2),
             "first_seen": round(self.first_seen, 3),
             "last_seen": round(self.last_seen, 3),
@@ -299,8 +331,9 @@ class FleetObject:
 class _Track:
     id: int
     label: str
-    east_m: float
-    north_m: float
+    lat: float
+    lon: float
+    alt_m: float
     var_m2: float
     first_wall: float
     last_wall: float
@@ -324,8 +357,9 @@ class _Track:
             node=node,
             track=self.id,
             label=self.label,
-            east_dm=_clamp(round(self.east_m * 10.0), -0x80000000, 0x7FFFFFFF),
-            north_dm=_clamp(round(self.north_m * 10.0), -0x80000000, 0x7FFFFFFF),
+            lat_e7=_clamp(round(self.lat * 1e7), -900_000_000, 900_000_000),
+            lon_e7=_clamp(round(self.lon * 1e7), -1_800_000_000, 1_800_000_000),
+            alt_dm=_clamp(round(self.alt_m * 10.0), -0x80000000, 0x7FFFFFFF),
             sigma_dm=_clamp(round(math.sqrt(self.var_m2) * 10.0), 0, 0xFFFF),
             first_ms=max(0, first_ms),
             span_ms=_clamp(int(self.last_wall * 1000.0) - first_ms, 0, 0xFFFFFFFF),
@@ -387,10 +421,10 @@ class Dedup:
         pairs: list[tuple[float, int, int]] = []
         valid: list[Observation] = []
         for fix in fixes:
-            if not all(math.isfinite(v) for v in (fix.east_m, fix.north_m, fix.sigma_m, fix.score)):
+            if not all(math.isfinite(v) for v in (fix.lat, fix.lon, fix.alt_m, fix.sigma_m, fix.score)):
                 self.stats.drop("fix_not_finite")
                 continue
-            if not 1 <= len(fix.label) <= 32 or abs(fix.east_m) > 2e8 or abs(fix.north_m) > 2e8:
+            if not 1 <= len(fix.label) <= 32 or abs(fix.lat) > 90.0 or abs(fix.lon) > 180.0 or abs(fix.alt_m) > 2e8:
                 self.stats.drop("fix_invalid")
                 continue
             valid.append(fix)
@@ -398,7 +432,7 @@ class Dedup:
             for t in live:
                 if t.label != fix.label:
                     continue
-                dist = math.hypot(fix.east_m - t.east_m, fix.north_m - t.north_m)
+                dist = math.hypot(*ground_offset_m(t.lat, t.lon, fix.lat, fix.lon))
                 gate = min(cfg.track_gate_m + cfg.sigma_gate * math.hypot(fix.sigma_m, math.sqrt(t.var_m2)),
                            cfg.max_gate_m)  # fmt: skip
                 if dist <= gate:
@@ -643,8 +677,9 @@ class Dedup:
         track = _Track(
             id=self._next_track,
             label=fix.label,
-            east_m=fix.east_m,
-            north_m=fix.north_m,
+            lat=fix.lat,
+            lon=fix.lon,
+            alt_m=fix.alt_m,
             var_m2=max(fix.sigma_m, 0.0) ** 2,
             first_wall=wall,
             last_wall=wall,
@@ -660,8 +695,9 @@ class Dedup:
         var = t.var_m2 + self.cfg.track_noise_m2_s * max(0.0, now - t.last_fix)
         meas = max(fix.sigma_m, 0.01) ** 2
         gain = var / (var + meas)
-        t.east_m += gain * (fix.east_m - t.east_m)
-        t.north_m += gain * (fix.north_m - t.north_m)
+        east, north = ground_offset_m(t.lat, t.lon, fix.lat, fix.lon)
+        t.lat, t.lon = offset_latlon(t.lat, t.lon, gain * east, gain * north)
+        t.alt_m += (fix.alt_m - t.alt_m) / (t.hits + 1)  # the mean ground height of its fixes
         t.var_m2 = (1.0 - gain) * var
         t.last_wall = max(t.last_wall, wall)
         t.last_fix = now
@@ -690,7 +726,7 @@ class Dedup:
                 # Undecided: peers take silence for death. Reported: only while still seen, to extend the memory.
                 due = not t.reported or t.last_fix > t.sent_at
             elif not t.reported and now - t.sent_at >= cfg.claim_min_interval_s:
-                moved = math.hypot(claim.east_m - sent.east_m, claim.north_m - sent.north_m)
+                moved = math.hypot(*ground_offset_m(sent.lat, sent.lon, claim.lat, claim.lon))
                 due = moved > max(0.5, sent.sigma_m / 2.0) or claim.score_pm >= sent.score_pm + 50
             else:
                 due = False

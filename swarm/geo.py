@@ -17,20 +17,121 @@ the body's pitch and roll do not move the view.
 The point projected is the bottom centre of the box (where a standing person
 meets the ground). Its uncertainty (one sigma, metres, isotropic) grows with
 slant range and with how flat the ray meets the ground.
+
+Positions the swarm shares are geodetic (WGS84 latitude/longitude, heights in
+metres above mean sea level as MAVLink reports them): every drone agrees on them
+whatever its launch point. A ``LocalFrame`` is the east/north/up tangent plane of
+one geodetic origin, used only inside the maths (a pose's projection, a track's
+filter); ``ground_offset_m`` is the horizontal offset between two nearby points,
+the one distance dedup compares claims by.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pyproj import Transformer
 
 # Camera axes (x right, y down, z along the view) in the belly body (x nose, y right wing, z down).
 _CAMERA_TO_BODY = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
 # Camera axes in a gimbal frame whose x axis is the view direction (y right, z down).
 _CAMERA_TO_GIMBAL = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
 _NED_TO_ENU = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])
+
+# The default geographic anchor of the replay scene, the simulator and the HIL scene: a flat field by
+# Llyn Padarn near Llanberis, Snowdonia (Wales), ground 100 m above mean sea level. (lat, lon, ground AMSL m)
+DEFAULT_ANCHOR: Final = (53.1170, -4.1300, 100.0)
+
+# WGS84 ellipsoid: semi-major axis (m) and first eccentricity squared.
+_WGS84_A = 6378137.0
+_WGS84_E2 = 6.69437999014e-3
+
+
+def check_latlon(lat: float, lon: float, what: str = "position") -> None:
+    """Raise ValueError unless (lat, lon) are finite degrees within [-90, 90] x [-180, 180]."""
+    if not (math.isfinite(lat) and math.isfinite(lon) and -90.0 <= lat <= 90.0 and -180.0 <= lon <= 180.0):
+        raise ValueError(f"{what}: expected latitude -90..90 and longitude -180..180 degrees, got {lat}, {lon}")
+
+
+def _radii(lat_deg: float) -> tuple[float, float]:
+    """WGS84 meridional and prime-vertical radii of curvature (m) at a latitude."""
+    s = math.sin(math.radians(lat_deg))
+    w2 = 1.0 - _WGS84_E2 * s * s
+    return _WGS84_A * (1.0 - _WGS84_E2) / (w2 * math.sqrt(w2)), _WGS84_A / math.sqrt(w2)
+
+
+def ground_offset_m(lat0: float, lon0: float, lat: float, lon: float) -> tuple[float, float]:
+    """Metres east and north from (lat0, lon0) to (lat, lon), for points a few km apart at most.
+
+    The tangent plane at the pair's mean latitude (WGS84 radii of curvature): under 1e-4 of the distance off
+    within 10 km. A closed form on purpose: dedup compares every pair of claims with it, and every node must get
+    the same distance from the same claim bytes. Longitudes wrap at the antimeridian.
+    """
+    meridional, prime = _radii((lat0 + lat) / 2.0)
+    dlon = (lon - lon0 + 180.0) % 360.0 - 180.0
+    mean = math.radians((lat0 + lat) / 2.0)
+    return math.radians(dlon) * prime * math.cos(mean), math.radians(lat - lat0) * meridional
+
+
+def offset_latlon(lat0: float, lon0: float, east_m: float, north_m: float) -> tuple[float, float]:
+    """The inverse of ``ground_offset_m``: the point ``east_m``/``north_m`` from (lat0, lon0) (small offsets)."""
+    meridional, prime = _radii(lat0)
+    lat = lat0 + math.degrees(north_m / meridional)
+    meridional, prime = _radii((lat0 + lat) / 2.0)
+    lat = lat0 + math.degrees(north_m / meridional)
+    lon = lon0 + math.degrees(east_m / (prime * math.cos(math.radians((lat0 + lat) / 2.0))))
+    return lat, (lon + 180.0) % 360.0 - 180.0
+
+
+Coord = float | np.ndarray  # a coordinate or an array of them; results come back in the same kind
+
+
+class LocalFrame:
+    """The east/north/up tangent plane at one geodetic origin (PROJ's topocentric conversion, WGS84).
+
+    ``alt0_m`` is the origin's height; the frame's up = 0 plane passes through it (a pose's flat ground).
+    Heights are metres above mean sea level and are used as ellipsoidal heights here: the geoid's separation
+    (tens of metres) moves a horizontal position by centimetres per km, well inside a fix's uncertainty.
+    Methods take floats or numpy arrays. Thread-safe (one PROJ transformer per thread).
+    """
+
+    def __init__(self, lat0: float, lon0: float, alt0_m: float = 0.0) -> None:
+        check_latlon(lat0, lon0, "frame origin")
+        if not math.isfinite(alt0_m):
+            raise ValueError(f"frame origin: height must be finite, got {alt0_m}")
+        self.lat0, self.lon0, self.alt0_m = float(lat0), float(lon0), float(alt0_m)
+        self._pipeline = (
+            "+proj=pipeline +step +proj=unitconvert +xy_in=deg +xy_out=rad +step +proj=cart +ellps=WGS84 "
+            f"+step +proj=topocentric +ellps=WGS84 +lat_0={self.lat0!r} +lon_0={self.lon0!r} +h_0={self.alt0_m!r}"
+        )
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"LocalFrame({self.lat0}, {self.lon0}, {self.alt0_m})"
+
+    def _transformer(self) -> Transformer:
+        t: Transformer | None = getattr(self._local, "t", None)
+        if t is None:
+            from pyproj import Transformer  # imported on first use: 0.2 s that a node without a swarm never pays
+
+            t = self._local.t = Transformer.from_pipeline(self._pipeline)
+        return t
+
+    def to_geodetic(self, east: Coord, north: Coord, up: Coord = 0.0) -> tuple[Any, Any, Any]:
+        """Local east/north/up metres -> (lat, lon, alt_m)."""
+        lon, lat, alt = self._transformer().transform(east, north, up, direction="INVERSE")
+        return lat, lon, alt
+
+    def from_geodetic(self, lat: Coord, lon: Coord, alt_m: Coord) -> tuple[Any, Any, Any]:
+        """(lat, lon, alt_m) -> local east/north/up metres."""
+        east, north, up = self._transformer().transform(lon, lat, alt_m)
+        return east, north, up
 
 
 @dataclass(frozen=True, slots=True)

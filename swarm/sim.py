@@ -33,6 +33,7 @@ from typing import Any
 
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, FleetObject, Observation
+from swarm.geo import DEFAULT_ANCHOR, LocalFrame
 from swarm.membership import MemberEvent, Membership, MemberState, UserBroadcast
 from swarm.memnet import Host, MemNet, Starvation
 
@@ -59,6 +60,9 @@ class SimConfig:
     frame_hz: float = 2.0
     takeoff_s: float = 5.0  # drones start looking once the swarm has formed
     fix_sigma_m: float = 1.0
+    # Where on Earth the field is (lat, lon, ground AMSL m): drones and targets move in metres east/north of it,
+    # fixes are gossiped as lat/lon through its tangent plane, and reports are scored back in it.
+    anchor: tuple[float, float, float] = DEFAULT_ANCHOR
     detect_prob: float = 0.9
     timing: SwarmTiming = field(default_factory=SwarmTiming)
     dedup: DedupConfig = field(default_factory=DedupConfig)
@@ -102,6 +106,7 @@ class SwarmSim:
             (self.rng.uniform(0, cfg.field_m), self.rng.uniform(0, cfg.field_m)) for _ in range(cfg.targets)
         ]
         self.first_seen: dict[int, list[tuple[float, str]]] = {}
+        self.frame = LocalFrame(*cfg.anchor)
 
     # ------------------------------------------------------------------ set-up
 
@@ -153,14 +158,10 @@ class SwarmSim:
             for t, (te, tn) in enumerate(self.targets):
                 if math.hypot(te - drone.east, tn - drone.north) > cfg.footprint_m or rng.random() > cfg.detect_prob:
                     continue
+                east, north = te + rng.gauss(0, cfg.fix_sigma_m), tn + rng.gauss(0, cfg.fix_sigma_m)
+                lat, lon, alt = self.frame.to_geodetic(east, north, 0.0)
                 fixes.append(
-                    Observation(
-                        "person",
-                        te + rng.gauss(0, cfg.fix_sigma_m),
-                        tn + rng.gauss(0, cfg.fix_sigma_m),
-                        1.5 * cfg.fix_sigma_m,
-                        round(rng.uniform(0.5, 0.95), 3),
-                    )
+                    Observation("person", lat, lon, alt, 1.5 * cfg.fix_sigma_m, round(rng.uniform(0.5, 0.95), 3))
                 )
                 self.first_seen.setdefault(t, []).append((now, host.membership.local_name))
             if fixes:
@@ -310,12 +311,13 @@ class SwarmSim:
         reports: dict[int, list[float]] = {}
         for drone in self.drones:
             for t, obj in drone.reports:
+                east, north, _ = self.frame.from_geodetic(obj.lat, obj.lon, obj.alt_m)
                 nearest = min(
                     range(len(self.targets)),
-                    key=lambda i: math.hypot(self.targets[i][0] - obj.east_m, self.targets[i][1] - obj.north_m),
+                    key=lambda i: math.hypot(self.targets[i][0] - east, self.targets[i][1] - north),
                 )
                 te, tn = self.targets[nearest]
-                if math.hypot(te - obj.east_m, tn - obj.north_m) <= cfg.dedup.radius_m:
+                if math.hypot(te - east, tn - north) <= cfg.dedup.radius_m:
                     reports.setdefault(nearest, []).append(t)
         multi = [t for t, sightings in self.first_seen.items() if len({n for _, n in sightings}) >= 2]
         # A report is a duplicate when the target was never out of sight for a whole window since the previous

@@ -25,7 +25,7 @@ from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
 from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, Observation
-from swarm.geo import CameraPose, project_boxes
+from swarm.geo import CameraPose, LocalFrame, project_boxes
 from swarm.membership import UserBroadcast
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ class FleetMember:
         self._task: asyncio.Task[None] | None = None
         self._labels = set(cfg.labels)
         self.objects_published = 0
+        self.frames_without_geo = 0  # frames with detections whose pose has no geographic anchor
+        self._frame: LocalFrame | None = None  # the tangent plane of the last anchored pose
         self.view_listeners: list[Callable[[dict[str, Any]], None]] = []
         self._sent_meta: tuple[MemberMeta, float] | None = None
 
@@ -150,18 +152,29 @@ class FleetMember:
             keep &= np.array([batch.label_of(c) in self._labels for c in det.class_ids.tolist()], bool)
         if not keep.any():
             return
+        anchor = pose.anchor
+        if anchor is None:
+            # No place on Earth for this frame (a pose source with no geographic anchor): nothing to claim.
+            self.frames_without_geo += 1
+            return
         idx = np.flatnonzero(keep)
         fixes = project_boxes(det.boxes[idx], camera_pose(pose), batch.meta.width, batch.meta.height)
         hit = ~np.isnan(fixes[:, 0])
+        if not hit.any():
+            return
+        frame = self._frame_of(anchor)
+        lat, lon, _ = frame.to_geodetic(fixes[hit, 0], fixes[hit, 1], np.zeros(int(hit.sum())))
+        ground = anchor[2]  # the height of the flat ground the box was projected onto
         observations = [
             Observation(
                 label=batch.label_of(int(det.class_ids[i])),
-                east_m=float(east),
-                north_m=float(north),
+                lat=float(la),
+                lon=float(lo),
+                alt_m=ground,
                 sigma_m=float(sigma),
                 score=float(det.scores[i]),
             )
-            for i, (east, north, sigma) in zip(idx[hit].tolist(), fixes[hit].tolist())
+            for i, la, lo, sigma in zip(idx[hit].tolist(), lat.tolist(), lon.tolist(), fixes[hit, 2].tolist())
         ]
         if observations:
             self.dedup.observe(observations, time.monotonic(), batch.meta.wall_time)
@@ -189,12 +202,28 @@ class FleetMember:
                     listener(view)
             await asyncio.sleep(interval)
 
+    def _frame_of(self, anchor: tuple[float, float, float]) -> LocalFrame:
+        """The tangent plane of a pose's frame (one PROJ pipeline per anchor; a pose source keeps one)."""
+        frame = self._frame
+        if frame is None or (frame.lat0, frame.lon0, frame.alt0_m) != anchor:
+            frame = self._frame = LocalFrame(*anchor)
+        return frame
+
     def _publish(self, obj: Any) -> None:
-        """A fleet object this node owns; an update (more drones saw it) goes out under the same id."""
+        """A fleet object this node owns; an update (more drones saw it) goes out under the same id.
+
+        Beside lat/lon, the object's metres east/north of this node's local frame (``origin``), for maps
+        drawn in the frame of a scene.
+        """
         if not obj.update:
             self.objects_published += 1
+        payload = obj.to_payload()
+        if self._frame is not None:
+            east, north, _ = self._frame.from_geodetic(obj.lat, obj.lon, obj.alt_m)
+            payload.update(east_m=round(float(east), 2), north_m=round(float(north), 2), origin=[
+                self._frame.lat0, self._frame.lon0, self._frame.alt0_m])  # fmt: skip
         # Through the wire Struct: a field swarm adds that edgerun.wire does not know fails here, in the tests.
-        self._publish_object(msgspec.to_builtins(wire.FleetObject(**obj.to_payload())))
+        self._publish_object(msgspec.to_builtins(wire.FleetObject(**payload)))
 
     def _meta_changed(self, meta: MemberMeta, now: float) -> bool:
         """Whether ``meta`` is worth gossiping: every update is a new incarnation sent to the whole swarm.
@@ -271,4 +300,9 @@ class FleetMember:
     def counters(self) -> dict[str, Any]:
         agent_stats = self.agent.stats if self.agent is not None else {}
         dedup_stats = self.dedup.stats if self.dedup is not None else {}
-        return {"agent": agent_stats, "dedup": dedup_stats, "objects_published": self.objects_published}
+        return {
+            "agent": agent_stats,
+            "dedup": dedup_stats,
+            "objects_published": self.objects_published,
+            "frames_without_geo": self.frames_without_geo,
+        }

@@ -213,15 +213,15 @@ def native_to_payload(sample: Any) -> dict[str, Any]:
 
 
 def payload_to_object(payload: dict[str, Any]) -> Any:
-    """An ``edgerun.object/1`` payload as a native ``edgerun::FleetObject`` sample."""
+    """An ``edgerun.object/2`` payload as a native ``edgerun::FleetObject`` sample (east/north 0 when absent)."""
     from edgerun.sinks.idl import native
 
     return native.FleetObject(
         id=str(payload["id"]),
         schema=str(payload["schema"]),
         label=str(payload["label"]),
-        east_m=float(payload["east_m"]),
-        north_m=float(payload["north_m"]),
+        east_m=float(payload.get("east_m") or 0.0),
+        north_m=float(payload.get("north_m") or 0.0),
         uncertainty_m=float(payload["uncertainty_m"]),
         first_seen=float(payload["first_seen"]),
         last_seen=float(payload["last_seen"]),
@@ -229,6 +229,9 @@ def payload_to_object(payload: dict[str, Any]) -> Any:
         owner=str(payload["owner"]),
         seen_by=[str(n) for n in payload["seen_by"]],
         ts=float(payload["ts"]),
+        lat=float(payload["lat"]),
+        lon=float(payload["lon"]),
+        alt_m=float(payload["alt_m"]),
     )
 
 

@@ -462,6 +462,9 @@ class ReplaySource(Source):
             pitch_deg=5.0 + 2.0 * math.sin(two_pi * t / 7.0 + ph[2]),
             roll_deg=2.5 * math.sin(two_pi * t / 5.3 + ph[3]),
             hfov_deg=self.config.hfov_deg,
+            origin_lat=cfg.origin[0],
+            origin_lon=cfg.origin[1],
+            ground_alt_m=cfg.ground_alt_m,
         )
 
     def truth(self, pose: Pose, width: int, height: int) -> tuple[np.ndarray, tuple[str, ...]]:

@@ -547,7 +547,12 @@ class _Drop(Exception):
 
 
 def parse_object(item: Any) -> dict[str, Any] | None:
-    """One ``edgerun.object/1`` fleet object, normalised, or None when a required field is missing or wrong."""
+    """One fleet object (``edgerun.object/2``, or ``/1`` for one more release), normalised, or None when a
+    required field is missing or wrong.
+
+    The map draws in a scene's local metres: a version 2 object gives its owner's east/north when it has
+    them; one that does not has lat/lon only (shown in the table, not on the local map).
+    """
     try:
         obj = msgspec.convert(item, wire.ObjectReport)
     except msgspec.ValidationError:
@@ -560,8 +565,11 @@ def parse_object(item: Any) -> dict[str, Any] | None:
     return {
         "id": str(obj.id)[:128],
         "label": obj.label[:40],
-        "east_m": round(obj.east_m, 2),
-        "north_m": round(obj.north_m, 2),
+        "east_m": None if obj.east_m is None else round(obj.east_m, 2),
+        "north_m": None if obj.north_m is None else round(obj.north_m, 2),
+        "lat": obj.lat,
+        "lon": obj.lon,
+        "alt_m": obj.alt_m,
         "uncertainty_m": max(0.0, obj.uncertainty_m or 0.0),
         "first_seen": obj.first_seen,
         "last_seen": obj.last_seen if obj.last_seen is not None else (obj.first_seen or 0.0),

@@ -400,11 +400,15 @@ def test_fleet_objects_reach_a_dds_reader_keyed_by_id() -> None:
 
     domain = dds_domain_id()
     obj = {
-        "schema": "edgerun.object/1",
+        "schema": "edgerun.object/2",
         "id": "5f0c2a9d11e04b7a",
         "label": "person",
+        "lat": 53.1171234,
+        "lon": -4.1298765,
+        "alt_m": 100.0,
         "east_m": 12.5,
         "north_m": -3.25,
+        "origin": [53.117, -4.13, 100.0],
         "uncertainty_m": 1.1,
         "first_seen": 1795000000.5,
         "last_seen": 1795000004.25,
@@ -444,6 +448,7 @@ def test_fleet_objects_reach_a_dds_reader_keyed_by_id() -> None:
         obj["label"],
     )
     assert (sample.east_m, sample.north_m, sample.score) == (obj["east_m"], obj["north_m"], obj["score"])
+    assert (sample.lat, sample.lon, sample.alt_m) == (obj["lat"], obj["lon"], obj["alt_m"])
     assert sink.counters()["objects_sent"] >= 1 and sink.counters()["objects_dropped"] == 0
 
 

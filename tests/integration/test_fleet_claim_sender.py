@@ -27,7 +27,7 @@ FAST = SwarmTimingConfig(probe_interval_s=0.2, probe_timeout_s=0.1, gossip_inter
 
 def _claim(node: str, track: int) -> bytes:
     now_ms = int(time.time() * 1000)
-    return encode_claim(Claim(node, track, "person", 100, 200, 8, now_ms, 500, 900, False))
+    return encode_claim(Claim(node, track, "person", 531170000, -41300000, 1000, 8, now_ms, 500, 900, False))
 
 
 async def _until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:

@@ -39,7 +39,7 @@ from tests.unit.test_ota_release import Fleet, head_variant
 CHROMEDRIVER = "/usr/bin/chromedriver"
 NODES = ("drone-1", "drone-2", "drone-3")
 OPERATOR, PASSWORD = "alice", "correct horse battery"
-OBJECT_SCHEMA = REPO / "edgerun" / "schema" / "object-v1.json"
+OBJECT_SCHEMA = REPO / "edgerun" / "schema" / "object-v2.json"
 
 pytestmark = [
     pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),

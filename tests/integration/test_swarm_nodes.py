@@ -29,7 +29,7 @@ from edgerun.sources.replay import ReplaySource
 from tests.conftest import free_port
 from tests.integration.brokers import collecting, run_mosquitto, wait_for
 
-SCHEMA = Path(__file__).resolve().parents[2] / "edgerun" / "schema" / "object-v1.json"
+SCHEMA = Path(__file__).resolve().parents[2] / "edgerun" / "schema" / "object-v2.json"
 FAST_TIMING = {
     "probe_interval_s": 0.3,
     "probe_timeout_s": 0.15,

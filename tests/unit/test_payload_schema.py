@@ -98,7 +98,7 @@ def test_documented_example_validates(validator) -> None:
 
 def test_documented_object_example_validates() -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads((REPO / "edgerun" / "schema" / "object-v1.json").read_text())
+    schema = json.loads((REPO / "edgerun" / "schema" / "object-v2.json").read_text())
     page = (REPO / "docs" / "payloads.md").read_text()
     m = re.search(r"## Fleet object payload.*?```json\n(.*?)```", page, re.S)
     assert m is not None, "docs/payloads.md has no fleet object example"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
 import jsonschema
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,15 +23,31 @@ from swarm.dedup import (
     group_owners,
     owner_order,
 )
+from swarm.geo import DEFAULT_ANCHOR, ground_offset_m, offset_latlon
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "edgerun" / "schema" / "object-v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "edgerun" / "schema" / "object-v2.json").read_text())
 WALL0 = 1_795_000_000.0
 # No per-example deadline: the machine is shared, and a slow example is not a failure.
 UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+LAT0, LON0, ALT0 = DEFAULT_ANCHOR
+LAT0_E7, LON0_E7 = round(LAT0 * 1e7), round(LON0 * 1e7)
+
+
+def obs(label: str, east: float, north: float, sigma: float, score: float) -> Observation:
+    """A fix given in metres east/north of the default anchor (the tests' scene), on its ground."""
+    lat, lon = offset_latlon(LAT0, LON0, east, north) if math.isfinite(east + north) else (east, north)
+    return Observation(label, lat, lon, ALT0, sigma, score)
+
+
 def face(east: float, north: float, score: float = 0.8, sigma: float = 0.5) -> Observation:
-    return Observation("face", east, north, sigma, score)
+    return obs("face", east, north, sigma, score)
+
+
+def east_north(obj: FleetObject) -> tuple[float, float]:
+    """A reported object's metres east/north of the anchor, to compare with where the fixes were."""
+    return ground_offset_m(LAT0, LON0, obj.lat, obj.lon)
 
 
 def exchange(*nodes: Dedup, now: float) -> None:
@@ -47,8 +65,9 @@ claims_st = st.builds(
     node=st.sampled_from(["a", "b", "c", "drone-7", "zz"]),
     track=st.integers(0, 6),
     label=st.sampled_from(["face", "person"]),
-    east_dm=st.integers(-300, 300),
-    north_dm=st.integers(-300, 300),
+    lat_e7=st.integers(LAT0_E7 - 2700, LAT0_E7 + 2700),  # +-30 m
+    lon_e7=st.integers(LON0_E7 - 4500, LON0_E7 + 4500),
+    alt_dm=st.integers(900, 1100),
     sigma_dm=st.integers(0, 40),
     first_ms=st.integers(0, 200_000),
     span_ms=st.integers(0, 20_000),
@@ -96,14 +115,14 @@ def test_claim_shaped_garbage_is_dropped_as_invalid(fields: list) -> None:
 
 def test_bad_payloads_counted_by_reason() -> None:
     node = Dedup("me", now=0.0)
-    good = Claim("peer", 1, "face", 10, 10, 5, 1000, 10, 900, False)
+    good = Claim("peer", 1, "face", LAT0_E7, LON0_E7, 1000, 5, 1000, 10, 900, False)
     node.receive(b"", 0.0)
     node.receive(b"\xc1", 0.0)  # msgpack's never-used byte
     node.receive(b"\x91" * 300, 0.0)
     node.receive(msgspec.msgpack.encode([1, "peer", -1, "face", 0, 0, 0, 0, 0, 0, False]), 0.0)  # negative track
-    node.receive(encode_claim(Claim("me", 1, "face", 0, 0, 0, 0, 0, 0, False)), 0.0)  # our own, echoed
+    node.receive(encode_claim(Claim("me", 1, "face", 0, 0, 0, 0, 0, 0, 0, False)), 0.0)  # our own, echoed
     node.receive(encode_claim(good), 0.0)
-    older = Claim("peer", 1, "face", 10, 10, 5, 1000, 5, 900, False)
+    older = Claim("peer", 1, "face", LAT0_E7, LON0_E7, 1000, 5, 1000, 5, 900, False)
     node.receive(encode_claim(older), 0.0)
     assert node.stats.dropped == {"empty": 1, "malformed": 1, "oversized": 1, "invalid": 1, "own": 1, "stale": 1}
     counters = node.stats.as_dict()
@@ -154,9 +173,9 @@ def test_successive_fixes_make_one_track_and_one_report() -> None:
         node.observe([face(10.0 + 0.05 * i, 20.0), face(40.0, 5.0)], t, WALL0 + t)
         reports += node.tick(t, WALL0 + t)
     assert node.tracks == 2
-    assert sorted((r.label, round(r.east_m), round(r.north_m)) for r in reports) == [("face", 10, 20), ("face", 40, 5)]
+    assert sorted((r.label, *map(round, east_north(r))) for r in reports) == [("face", 10, 20), ("face", 40, 5)]
     # A fix of another class at the same place is another object.
-    node.observe([Observation("person", 40.0, 5.0, 0.5, 0.9)], 3.0, WALL0 + 3.0)
+    node.observe([obs("person", 40.0, 5.0, 0.5, 0.9)], 3.0, WALL0 + 3.0)
     assert [r.label for r in node.tick(3.0, WALL0 + 3.0)] == ["person"]
     assert node.stats.objects_reported == 3
 
@@ -175,7 +194,8 @@ def test_fleet_payload_matches_schema() -> None:
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     jsonschema.validate(payload, SCHEMA)
     assert payload["owner"] == "drone-b" and payload["seen_by"] == ["drone-a", "drone-b"]
-    assert payload["east_m"] == 5.5 and payload["score"] == 0.9 and payload["first_seen"] == WALL0
+    assert east_north(obj) == pytest.approx((5.5, 5.0), abs=0.01) and payload["alt_m"] == ALT0
+    assert payload["score"] == 0.9 and payload["first_seen"] == WALL0
     assert json.loads(json.dumps(payload)) == payload
     bad = dict(payload, score=1.5)
     try:
@@ -261,7 +281,7 @@ def test_flush_reports_held_objects_this_node_owns_and_leaves_a_peers_to_it() ->
     exchange(a, b, now=0.1)
     assert a.tick(1.0, WALL0 + 1.0) == []
     reported = a.flush(1.0, WALL0 + 1.0)
-    assert [(o.east_m, o.owner) for o in reported] == [(20.0, "a")]
+    assert [(round(east_north(o)[0], 2), o.owner) for o in reported] == [(20.0, "a")]
     assert a.flush(1.1, WALL0 + 1.1) == []  # once
 
 
@@ -374,8 +394,8 @@ def test_memory_is_bounded_under_a_flood() -> None:
     node = Dedup("me", cfg, now=0.0)
     rng = random.Random(3)
     for i in range(5000):
-        claim = Claim(f"n{rng.randrange(100)}", rng.randrange(10_000), "face", rng.randrange(-9999, 9999),
-                      rng.randrange(-9999, 9999), 3, i, 0, rng.randrange(1000), False)  # fmt: skip
+        claim = Claim(f"n{rng.randrange(100)}", rng.randrange(10_000), "face", LAT0_E7 + rng.randrange(-9999, 9999),
+                      LON0_E7 + rng.randrange(-9999, 9999), 1000, 3, i, 0, rng.randrange(1000), False)  # fmt: skip
         node.receive(encode_claim(claim), i * 0.001)
     for i in range(2000):
         node.observe([face(rng.uniform(-1e4, 1e4), rng.uniform(-1e4, 1e4))], 5.0 + i * 0.001, WALL0 + i)
@@ -405,7 +425,7 @@ def test_timer_names_the_hold_deadline_and_never_the_past_while_waiting_for_a_pe
 def test_fixes_that_are_not_numbers_are_dropped() -> None:
     node = Dedup("a", now=0.0)
     nan = float("nan")
-    node.observe([face(nan, 1.0), Observation("face", 1.0, 1.0, 0.5, nan), Observation("", 1.0, 1.0, 0.5, 0.5)], 0, 0)
+    node.observe([face(nan, 1.0), obs("face", 1.0, 1.0, 0.5, nan), obs("", 1.0, 1.0, 0.5, 0.5)], 0, 0)
     assert node.tracks == 0 and node.stats.dropped == {"fix_not_finite": 2, "fix_invalid": 1}
 
 
@@ -486,7 +506,7 @@ def test_any_input_sequence_keeps_the_invariants(ops: list) -> None:
     for op, arg in ops:
         now += 0.1
         if op == "observe":
-            node.observe([Observation(label, e, n, s, sc) for label, e, n, s, sc in arg], now, WALL0 + now)
+            node.observe([obs(label, e, n, s, sc) for label, e, n, s, sc in arg], now, WALL0 + now)
         elif op == "receive":
             node.receive(encode_claim(arg), now)
         elif op == "garbage":

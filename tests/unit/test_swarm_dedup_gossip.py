@@ -10,6 +10,7 @@ from swarm.membership import MemberEvent, Membership, UserBroadcast
 from swarm.memnet import MemNet
 
 WALL0 = 1_795_000_000.0
+TARGET = (53.1174521, -4.1292514, 100.0)  # lat, lon, ground AMSL m
 PORT = 7946
 
 
@@ -31,8 +32,8 @@ class Drone:
 
     def step(self, now: float) -> None:
         if any(a <= now < b for a, b in self.sees):
-            self.dedup.observe([Observation("person", 50.3, 49.8, 0.8, 0.6 + 0.05 * int(self.name[1:]))], now,
-                               WALL0 + now)  # fmt: skip
+            score = 0.6 + 0.05 * int(self.name[1:])
+            self.dedup.observe([Observation("person", *TARGET, 0.8, score)], now, WALL0 + now)
         self.reports += [(now, obj) for obj in self.dedup.tick(now, WALL0 + now) if not obj.update]
         for key, payload in self.dedup.outgoing():
             self.membership.queue_broadcast(key, payload)

@@ -132,3 +132,48 @@ def test_geo_bench_short_form(blazeface_bundle) -> None:
     assert matched["median_m"] < 0.3 and matched["p90_m"] < 0.6
     assert matched["within_2_sigma"] >= 0.9  # the stated uncertainty covers the error
     assert result["truth_boxes"]["median_m"] < 0.2
+
+
+# -- the geodetic frame ------------------------------------------------------------------------------------------
+
+
+def test_a_local_frame_round_trips_and_agrees_with_pyprojs_geodesic_distances() -> None:
+    from pyproj import Geod
+
+    from swarm.geo import DEFAULT_ANCHOR, LocalFrame
+
+    frame = LocalFrame(*DEFAULT_ANCHOR)
+    east = np.array([0.0, 120.0, -250.0, 900.0])
+    north = np.array([0.0, 35.0, 410.0, -700.0])
+    lat, lon, alt = frame.to_geodetic(east, north, np.zeros(4))
+    assert (lat[0], lon[0]) == pytest.approx(DEFAULT_ANCHOR[:2], abs=1e-12)
+    back_e, back_n, back_u = frame.from_geodetic(lat, lon, alt)
+    assert np.allclose(back_e, east, atol=1e-6) and np.allclose(back_n, north, atol=1e-6)
+    # Horizontal distance on the tangent plane = the WGS84 geodesic (Karney, pyproj.Geod) within 2 cm per km (the
+    # plane rises above the ellipsoid by d^2/2R: 10 cm at 1.1 km).
+    _, _, dist = Geod(ellps="WGS84").inv(np.full(4, DEFAULT_ANCHOR[1]), np.full(4, DEFAULT_ANCHOR[0]), lon, lat)
+    assert np.allclose(dist, np.hypot(east, north), rtol=2e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize(("lat0", "lon0"), [(53.117, -4.13), (-33.9, 151.2), (0.0, 179.9995), (69.6, 18.9)])
+def test_ground_offsets_match_the_geodesic_and_invert(lat0: float, lon0: float) -> None:
+    from pyproj import Geod
+
+    from swarm.geo import ground_offset_m, offset_latlon
+
+    geod = Geod(ellps="WGS84")
+    for az, d in [(0.0, 5.0), (90.0, 250.0), (200.0, 1500.0), (315.0, 4000.0)]:
+        lon, lat, _ = geod.fwd(lon0, lat0, az, d)  # crosses the antimeridian in one case
+        east, north = ground_offset_m(lat0, lon0, lat, lon)
+        assert math.hypot(east, north) == pytest.approx(d, rel=1e-4)
+        assert math.degrees(math.atan2(east, north)) % 360.0 == pytest.approx(az, abs=0.05)
+        back = offset_latlon(lat0, lon0, east, north)
+        assert back == pytest.approx((lat, lon), abs=1e-8)
+
+
+def test_a_frame_refuses_an_origin_off_the_globe() -> None:
+    from swarm.geo import LocalFrame
+
+    for bad in [(91.0, 0.0, 0.0), (0.0, 181.0, 0.0), (float("nan"), 0.0, 0.0), (0.0, 0.0, float("inf"))]:
+        with pytest.raises(ValueError, match="frame origin"):
+            LocalFrame(*bad)

@@ -25,7 +25,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "edgerun" / "schema"
 DETECTIONS = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "detections-v1.json").read_text()))
-OBJECT = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "object-v1.json").read_text()))
+OBJECT = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "object-v2.json").read_text()))
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -68,8 +68,9 @@ def fleet_object(**changes: Any) -> dict[str, Any]:
     obj = dedup.FleetObject(
         id="5f0c2a9d11e04b7a",
         label="person",
-        east_m=12.5,
-        north_m=-3.25,
+        lat=53.1171234,
+        lon=-4.1298765,
+        alt_m=101.5,
         uncertainty_m=0.4,
         first_seen=1.0,
         last_seen=2.0,
@@ -86,6 +87,20 @@ def test_a_fleet_object_from_swarm_is_valid_and_round_trips() -> None:
     OBJECT.validate(payload)
     assert msgspec.to_builtins(msgspec.convert(payload, wire.FleetObject)) == payload
     assert wire.OBJECT_SCHEMA == dedup.OBJECT_SCHEMA == OBJECT.schema["properties"]["schema"]["const"]
+    # the node adds its local east/north beside lat/lon, with the frame's origin
+    local = fleet_object(east_m=12.5, north_m=-3.25, origin=[53.117, -4.13, 100.0])
+    OBJECT.validate(local)
+    assert msgspec.to_builtins(msgspec.convert(local, wire.FleetObject)) == local
+
+
+def test_version_1_objects_stay_readable_and_each_version_needs_its_position() -> None:
+    v1 = {"schema": "edgerun.object/1", "id": "5f0c2a9d11e04b7a", "label": "person", "east_m": 1.0, "north_m": 2.0}
+    assert msgspec.convert(v1, wire.ObjectReport).east_m == 1.0
+    v2 = fleet_object()
+    assert msgspec.convert(v2, wire.ObjectReport).lat == v2["lat"]
+    for bad in ({**v1, "east_m": None}, {k: v for k, v in v2.items() if k != "lat"}, {**v2, "lat": 91.0}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, wire.ObjectReport)
 
 
 def detections_payload() -> dict[str, Any]:
@@ -148,7 +163,11 @@ def test_what_the_detections_schema_rejects_the_struct_rejects(path: str, value:
 @pytest.mark.parametrize(
     ("path", "value"),
     [
-        ("schema", "edgerun.object/2"),
+        ("schema", "edgerun.object/1"),
+        ("lat", 90.5),
+        ("lon", -181.0),
+        ("lat", KeyError),
+        ("alt_m", "high"),
         ("id", "5F0C2A9D11E04B7A"),
         ("id", "abc"),
         ("label", ""),
@@ -161,6 +180,7 @@ def test_what_the_detections_schema_rejects_the_struct_rejects(path: str, value:
         ("seen_by", [""]),
         ("ts", KeyError),
         ("east_m", "far"),
+        ("origin", [1.0, 2.0]),
     ],
 )
 def test_what_the_object_schema_rejects_the_struct_rejects(path: str, value: Any) -> None:

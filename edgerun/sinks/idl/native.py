@@ -86,3 +86,6 @@ class FleetObject(IdlStruct, typename="edgerun::FleetObject"):
     owner: str = ""
     seen_by: sequence[str] = field(default_factory=list)
     ts: float64 = 0.0
+    lat: float64 = 0.0  # WGS84 degrees (edgerun.object/2), appended so version 1 readers still match
+    lon: float64 = 0.0
+    alt_m: float64 = 0.0

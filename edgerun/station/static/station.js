@@ -87,7 +87,7 @@ function growBounds() {
     if (n.pose) add(n.pose.east_m, n.pose.north_m);
     for (const p of n.footprint || []) add(p[0], p[1]);
   }
-  for (const o of Object.values(S.objects)) add(o.east_m, o.north_m);
+  for (const o of Object.values(S.objects)) if (o.east_m != null) add(o.east_m, o.north_m);
   if (!Number.isFinite(b[0])) b = [-10, -10, 10, 10];
   S.bounds = b;
 }
@@ -127,6 +127,7 @@ function renderMap() {
   }
   const labels = $("show-labels").checked && Object.keys(S.objects).length <= 80;
   for (const o of Object.values(S.objects)) {
+    if (o.east_m == null || o.north_m == null) continue;  // lat/lon only: no place on the local map
     const r = Math.max(4, (o.uncertainty_m || 0) * scale);
     const colour = o.label === "face" ? "#ffd34d" : "#ff7ad9";
     const text = `${o.label} · ${o.owner || "?"} · ${clock(o.first_seen)} · ×${o.seen_count}`;
@@ -193,7 +194,8 @@ function renderNodes() {
   const objects = Object.values(S.objects).sort((a, b) => (b.last_seen || 0) - (a.last_seen || 0)).slice(0, 200);
   $("objects").tBodies[0].innerHTML = objects.map((o) => `<tr data-id="${esc(o.id)}"><td>${esc(o.label)}</td>
     <td>${esc(o.owner || "-")}</td><td>${clock(o.first_seen)}</td><td class="num">${o.seen_count}</td>
-    <td>${fmt(o.east_m)}, ${fmt(o.north_m)}</td></tr>`).join("");
+    <td class="latlon">${o.lat != null ? `${o.lat.toFixed(6)}, ${o.lon.toFixed(6)}` : "-"}</td>
+    <td>${o.east_m != null ? `${fmt(o.east_m)}, ${fmt(o.north_m)}` : "-"}</td></tr>`).join("");
   $("object-count").textContent = `(${Object.keys(S.objects).length})`;
   $("events").tBodies[0].innerHTML = S.events.slice(-200).reverse().map((ev) => `<tr class="level-${esc(ev.level)}">
     <td>${clock(ev.ts)}</td><td>${esc(ev.node)}</td><td>${esc(ev.kind)}</td><td>${esc(ev.text)}</td></tr>`).join("");
