@@ -39,6 +39,7 @@ from edgerun.testing.jsonl_reader import JsonlTail, read_jsonl
 from edgerun.testing.ports import free_port, free_tcp_udp_port
 from edgerun.testing.scoring import MIN_TRUTH_HEIGHT_PX, greedy_matches, iou_matrix
 from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
+from swarm.geo import LocalFrame
 
 # Drone k starts this far behind drone 0 along the path, and this far to the side: overlapping views.
 SPACING_M = 3.0
@@ -218,6 +219,7 @@ class FleetScore:
             source.open()
             self.sources[drone.node_id] = source
         self.scene = next(iter(self.sources.values())).scene
+        self.frame = scene_frame(drones[0].replay)
         self.truth_points = self.scene.ground_points
         self.tallies = {d.node_id: DroneTally() for d in drones}
         self.seen_truth: set[int] = set()  # scene objects some drone had in view (>= MIN_TRUTH_HEIGHT_PX)
@@ -254,10 +256,21 @@ class FleetScore:
             tally.matched += greedy_matches(iou_matrix(boxes[keep], det_boxes))
 
     def fleet(self) -> dict[str, Any]:
-        per_truth = reports_per_truth(self.reports, self.truth_points, self.radius_m)
+        per_truth = reports_per_truth(self.reports, self.truth_points, self.radius_m, self.frame)
         found = [i for i in self.seen_truth if i in per_truth]
         seen = len(self.seen_truth)
+        located = []  # each report's place on Earth and its distance to the true face nearest to it
+        for oid, obj in sorted(self.reports.items(), key=lambda item: item[1].get("first_seen") or 0.0):
+            if obj.get("lat") is None or not self.truth_points.size:
+                continue
+            _, dist = nearest_truth(obj, self.truth_points, self.frame)
+            located.append({
+                "id": oid, "label": obj.get("label"), "lat": obj["lat"], "lon": obj["lon"],
+                "uncertainty_m": obj.get("uncertainty_m"), "owner": obj.get("owner"),
+                "truth_distance_m": round(dist, 2),
+            })  # fmt: skip
         return {
+            "located": located,
             "fleet_objects": len(self.reports),
             "duplicate_reports": sum(n - 1 for n in per_truth.values()),
             "objects_seen": seen,
@@ -347,15 +360,37 @@ def side_by_side(drones: list[Drone], seq: int, path: Path) -> None:
     cv2.imwrite(str(path), np.hstack(tiles))
 
 
-def reports_per_truth(objects: dict[str, dict[str, Any]], truth_points: np.ndarray, radius_m: float) -> dict[int, int]:
+def scene_frame(replay: ReplayConfig) -> LocalFrame:
+    """The tangent plane of the replay scene's anchor: its ground truth is in these metres."""
+    return LocalFrame(replay.origin[0], replay.origin[1], replay.ground_alt_m)
+
+
+def object_local(obj: dict[str, Any], frame: LocalFrame) -> tuple[float, float]:
+    """A fleet object's metres east/north in ``frame``: from its lat/lon (version 2), else its own east/north."""
+    if obj.get("lat") is not None and obj.get("lon") is not None:
+        east, north, _ = frame.from_geodetic(float(obj["lat"]), float(obj["lon"]), float(obj.get("alt_m") or 0.0))
+        return float(east), float(north)
+    return float(obj["east_m"]), float(obj["north_m"])
+
+
+def nearest_truth(obj: dict[str, Any], truth_points: np.ndarray, frame: LocalFrame) -> tuple[int, float]:
+    """The ground-truth object nearest to a fleet object's position, and how far it is (metres)."""
+    east, north = object_local(obj, frame)
+    dist = np.hypot(truth_points[:, 0] - east, truth_points[:, 1] - north)
+    nearest = int(np.argmin(dist))
+    return nearest, float(dist[nearest])
+
+
+def reports_per_truth(
+    objects: dict[str, dict[str, Any]], truth_points: np.ndarray, radius_m: float, frame: LocalFrame
+) -> dict[int, int]:
     """How many fleet reports (keyed by object id) lie within ``radius_m`` of each ground-truth object."""
     per_truth: dict[int, int] = {}
     if truth_points.size == 0:
         return per_truth
     for obj in objects.values():
-        dist = np.hypot(truth_points[:, 0] - obj["east_m"], truth_points[:, 1] - obj["north_m"])
-        nearest = int(np.argmin(dist))
-        if dist[nearest] <= radius_m:
+        nearest, dist = nearest_truth(obj, truth_points, frame)
+        if dist <= radius_m:
             per_truth[nearest] = per_truth.get(nearest, 0) + 1
     return per_truth
 
@@ -436,6 +471,11 @@ def format_swarm_summary(summary: dict[str, Any]) -> str:
         lines.append(
             f"{name}: frames {d['frames']}  detections {d['detections']}  recall "
             f"{'n/a' if recall is None else f'{recall:.3f}'}  fleet objects reported {d['fleet_objects']}"
+        )
+    for obj in summary.get("located", []):
+        lines.append(
+            f"  {obj['label']} {obj['id']} at {obj['lat']:.7f}, {obj['lon']:.7f} (+-{obj['uncertainty_m']} m), "
+            f"{obj['truth_distance_m']} m from the true face; owner {obj['owner']}"
         )
     recall = summary["object_recall"]
     heard = "".join(f"  {name} listener got {n}" for name, n in (summary.get("received") or {}).items())

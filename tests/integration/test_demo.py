@@ -80,3 +80,10 @@ def test_swarm_demo_flies_three_drones_and_reports_each_face_once(tmp_path, blaz
     assert received["mqtt"] >= frames - 6 and received["dds"] >= frames - 6, (received, frames)
     assert (out / "snapshot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "duplicate reports" in proc.stdout
+    # Every fleet object is a place on Earth near the face it stands for (the scene's anchor is real lat/lon).
+    located = summary["located"]
+    assert len(located) == summary["fleet_objects"], summary
+    for obj in located:
+        assert 53.0 < obj["lat"] < 53.2 and -4.2 < obj["lon"] < -4.0, obj
+        assert obj["truth_distance_m"] <= 3.0, obj
+        assert f"{obj['lat']:.7f}, {obj['lon']:.7f}" in proc.stdout

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import tomli_w
 
-from edgerun.demo_swarm import drone_configs, reports_per_truth, start_drones, stop_drones
+from edgerun.demo_swarm import drone_configs, reports_per_truth, scene_frame, start_drones, stop_drones
 from edgerun.sources.replay import ReplaySource
 from tests.conftest import free_port
 from tests.integration.brokers import collecting, run_mosquitto, wait_for
@@ -160,7 +160,7 @@ def test_a_face_seen_by_several_drones_is_reported_once(swarm):
     for obj in objects:
         jsonschema.validate(obj, schema)
     by_id = {o["id"]: o for o in objects}
-    per_truth = reports_per_truth(by_id, truth, radius)
+    per_truth = reports_per_truth(by_id, truth, radius, scene_frame(crew[0].replay))
     shared = seen_by_all_three()
     assert all(per_truth.get(i, 0) == 1 for i in shared), (shared, per_truth, by_id)
     assert all(n == 1 for n in per_truth.values()), per_truth
