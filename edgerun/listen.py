@@ -40,7 +40,8 @@ def check_detections(obj: Any) -> wire.Detections:
 
 
 def decode_message(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, Any]:
-    """Classify one received payload: ``("detections", dict)``, ``("json", obj)`` or ``("text", str)``.
+    """Classify one received payload: ``("detections", dict)``, ``("object", dict)`` (a fleet object, version 2
+    or 1), ``("json", obj)`` or ``("text", str)``.
 
     Raises ValueError with an exact reason for anything malformed.
     """
@@ -64,6 +65,12 @@ def decode_message(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str
     if isinstance(obj, dict) and obj.get("schema") == wire.DETECTIONS_SCHEMA:
         check_detections(obj)
         return "detections", obj
+    if isinstance(obj, dict) and obj.get("schema") in (wire.OBJECT_SCHEMA, wire.OBJECT_SCHEMA_V1):
+        try:
+            msgspec.convert(obj, wire.ObjectReport)
+        except msgspec.ValidationError as err:
+            raise ValueError(wire.describe(err)) from None
+        return "object", obj
     return "json", obj
 
 
@@ -92,6 +99,22 @@ def format_detections(p: dict[str, Any]) -> str:
     ]
     more = f" +{len(dets) - _PRINT_DETECTIONS} more" if len(dets) > _PRINT_DETECTIONS else ""
     return " ".join(parts) + f"  {len(dets)} det" + (": " + "; ".join(shown) if shown else "") + more
+
+
+def format_object(p: dict[str, Any]) -> str:
+    """``object 9f2c41d07b3e8a15 face at 53.1172073, -4.1297391 +-0.6 m  owner drone-2, seen by 2`` (version 1:
+    its local ``E 17.4 N 23.1 m``)."""
+    if p.get("lat") is not None:
+        where = f"at {p['lat']:.7f}, {p['lon']:.7f}"
+    else:
+        where = f"at E {p['east_m']:.1f} N {p['north_m']:.1f} m (local, {p['schema']})"
+    sigma = p.get("uncertainty_m")
+    seen = p.get("seen_by")
+    seen_n = len(seen) if isinstance(seen, list) else seen
+    return (
+        f"object {p['id']} {p['label']} {where}" + (f" +-{sigma:.1f} m" if isinstance(sigma, (int, float)) else "")
+        + f"  owner {p.get('owner') or '?'}, seen by {seen_n if seen_n is not None else '?'}"
+    )  # fmt: skip
 
 
 def format_ros2(topic: str, msg: Any) -> str:
@@ -157,6 +180,8 @@ class Printer:
                 self.line(json.dumps(obj, separators=(",", ":")))
         elif kind == "detections":
             self.line(format_detections(obj))
+        elif kind == "object":
+            self.line(format_object(obj))
         elif kind == "json":
             self.line(f"{topic} {json.dumps(obj, separators=(',', ':'))}")
         else:

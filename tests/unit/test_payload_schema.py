@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgerun.listen import decode_message, format_detections
+from edgerun.listen import decode_message, format_detections, format_object
 from edgerun.types import PAYLOAD_SCHEMA, DetectionBatch, Detections, FrameMeta, Pose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,3 +246,27 @@ def test_nan_latency_is_null_on_the_native_type() -> None:
 
     sample = payload_to_native(PAYLOADS[2])
     assert math.isnan(sample.latency_ms) and sample.pose == [] and sample.detections == []
+
+
+def test_listen_reads_fleet_objects_of_both_versions_and_names_a_bad_one() -> None:
+    v2 = {
+        "schema": "edgerun.object/2",
+        "id": "9f2c41d07b3e8a15",
+        "label": "face",
+        "lat": 53.1172073,
+        "lon": -4.1297391,
+        "alt_m": 100.0,
+        "uncertainty_m": 0.61,
+        "owner": "drone-2",
+        "seen_by": ["a", "b"],
+    }
+    kind, obj = decode_message(json.dumps(v2).encode())
+    assert kind == "object"
+    assert (
+        format_object(obj) == "object 9f2c41d07b3e8a15 face at 53.1172073, -4.1297391 +-0.6 m  owner drone-2, seen by 2"
+    )
+    v1 = {"schema": "edgerun.object/1", "id": "x", "label": "face", "east_m": 17.42, "north_m": 23.05}
+    kind, obj = decode_message(json.dumps(v1).encode())
+    assert kind == "object" and "E 17.4 N 23.1 m (local, edgerun.object/1)" in format_object(obj)
+    with pytest.raises(ValueError, match="lat"):
+        decode_message(json.dumps({**v2, "lat": 123.0}).encode())
