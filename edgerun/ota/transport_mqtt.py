@@ -40,8 +40,9 @@ from edgerun.ota.transport import MAX_METADATA, CappedWriter, Offer, RateLimiter
 
 log = logging.getLogger(__name__)
 
-TOPIC_PREFIX = "edgerun/fleet/releases"
-RELEASE_SCHEMA = "edgerun.ota.release/1"
+# The topics and the schema id live in edgerun.wire; these names stay for the modules that import them from here.
+TOPIC_PREFIX = wire.RELEASES_PREFIX
+RELEASE_SCHEMA = wire.RELEASE_SCHEMA
 CHUNK_SIZE = 64 * 1024
 MIN_CHUNK, MAX_CHUNK = 1024, 1 << 20
 MAX_ENVELOPE = 4 * MAX_METADATA
@@ -49,25 +50,20 @@ WAIT_S = 10.0
 CHUNK_TRIES = 3
 
 
-def release_topic(model: str) -> str:
-    return f"{TOPIC_PREFIX}/{model}"
-
-
-def file_topic(model: str, file: str, part: str) -> str:
-    return f"{TOPIC_PREFIX}/{model}/files/{file}/{part}"
+release_topic = wire.release_topic
+file_topic = wire.release_file_topic
 
 
 def encode_release(manifest: bytes, manifest_sig: str, keys: bytes | None, keys_sig: str | None) -> bytes:
-    return json.dumps(
-        {
-            "schema": RELEASE_SCHEMA,
-            "manifest": base64.b64encode(manifest).decode(),
-            "manifest_sig": manifest_sig,
-            "keys": None if keys is None else base64.b64encode(keys).decode(),
-            "keys_sig": keys_sig,
-        },
-        sort_keys=True,
-    ).encode()
+    """The retained release message, through wire.ReleaseEnvelope (base64 manifest and keys beside their
+    signatures; the signatures cover the decoded bytes, not this envelope)."""
+    envelope = wire.ReleaseEnvelope(
+        manifest=base64.b64encode(manifest).decode(),
+        manifest_sig=manifest_sig,
+        keys=None if keys is None else base64.b64encode(keys).decode(),
+        keys_sig=keys_sig,
+    )
+    return msgspec.json.encode(envelope)
 
 
 def decode_release(payload: bytes, source: str) -> Offer:
