@@ -182,6 +182,8 @@ class Rig:
                     "height": scenario.scene.height,
                     "path_offset_m": path_offset,
                     "east_offset_m": east_offset,
+                    "origin": list(scenario.scene.origin),
+                    "ground_alt_m": scenario.scene.ground_alt_m,
                 },
             },
             "model": {"bundle": spec.model or str(self.release.v1.root)},

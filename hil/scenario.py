@@ -20,6 +20,7 @@ from edgerun.errors import ConfigError
 from edgerun.ota.store import STEPS
 from edgerun.testing.control import ACCELERATOR_KEY
 from edgerun.tomlfile import load_toml
+from swarm.geo import DEFAULT_ANCHOR
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -62,6 +63,9 @@ class SceneSpec(Section):
     speed_mps: PositiveFloat = 1.5  # flight speed along the shared path
     width: Annotated[int, msgspec.Meta(ge=64)] = 640
     height: Annotated[int, msgspec.Meta(ge=64)] = 480
+    # Where the scene lies on Earth ([lat, lon] and its ground's AMSL height): the fleet objects' lat/lon.
+    origin: list[float] = msgspec.field(default_factory=lambda: list(DEFAULT_ANCHOR[:2]))
+    ground_alt_m: float = DEFAULT_ANCHOR[2]
 
 
 class SwarmSpec(Section):
@@ -196,6 +200,9 @@ def _semantic_problem(s: Scenario) -> str:
             return f"nodes[{i}].address: expected an http:// URL of the board's HTTP service, got {node.address!r}"
     if any(n.real for n in s.nodes) and not s.broker.address:
         return "broker.address: real boards need the broker they publish to (host:port)"
+    origin = s.scene.origin
+    if not (len(origin) == 2 and -90.0 <= origin[0] <= 90.0 and -180.0 <= origin[1] <= 180.0):
+        return f"scene.origin: expected [latitude, longitude] in degrees, got {origin}"
     release_at = [f.at_s for f in s.faults if f.kind == "ota_release"]
     for i, fault in enumerate(s.faults):
         key = f"faults[{i}]"

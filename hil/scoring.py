@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 # The rig flies the demo's scene, so a run is scored with the demo's fleet score (its drones, truth label).
-from edgerun.demo_swarm import TRUTH_LABEL, Drone, FleetScore
+from edgerun.demo_swarm import TRUTH_LABEL, Drone, FleetScore, object_local
 from edgerun.testing.jsonl_reader import read_jsonl
 from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
 from hil.scenario import Scenario
@@ -160,6 +160,8 @@ def _fleet_score(
         fleet["truth_labels"] = list(score.scene.labels)
         fleet["targets_in_scene"] = sum(1 for label in score.scene.labels if label == TRUTH_LABEL)
         fleet["seen_truth"] = sorted(score.seen_truth)
+        # Each object's place in the scene's metres (from its lat/lon through the scene's anchor), for the plot.
+        fleet["object_points"] = {str(p["id"]): list(object_local(p, score.frame)) for _, p in objects}
     finally:
         score.close()
     found = fleet["objects_found"]
@@ -420,7 +422,10 @@ def _series(
         "fps": fps,
         "version": version,
         "alive_members": membership,
-        "objects": [[o["east_m"], o["north_m"], o.get("owner", "")] for o in reports.values()],
+        "objects": [
+            [*fleet.get("object_points", {}).get(str(o["id"]), (o.get("east_m"), o.get("north_m"))), o.get("owner", "")]
+            for o in reports.values()
+        ],
         "faults": [[round(f["t_start"] - t0, 1), f["kind"], f.get("node", "")] for f in faults if f.get("t_start")],
     }
 

@@ -51,6 +51,7 @@ def test_shipped_scenarios_load():
             "s.toml: faults[0].when: unknown key",
         ),
         ({"duration_s": -1}, "s.toml: duration_s: expected float > 0.0, got -1"),
+        ({"scene": {"origin": [95.0, 8.0]}}, "s.toml: scene.origin: expected [latitude, longitude] in degrees"),
         ({"nodes": [{"id": "a"}, {"id": "a"}]}, "s.toml: nodes[1].id: 'a' is used twice"),
         (
             {"faults": [{"at_s": 1, "kind": "kill", "node": "zz", "duration_s": 2}]},
