@@ -137,11 +137,8 @@ class ReleaseVerifier:
 
     def _keyring(self, offer: Offer, now: float) -> Keyring:
         assert self.trust is not None
-        if offer.keys is None or offer.keys_sig is None:
-            if self.keyring is None:
-                raise Rejected("no_keys", "the release carries no keys.json and none is trusted yet")
-            return self.keyring
-        keyring = self.trust.verify_keys(offer.keys, offer.keys_sig, now, self.keyring)
+        # The node's own rule (ota.trust.TrustStore.release_keyring), so the station trusts exactly what a node would.
+        keyring = self.trust.release_keyring(offer.keys, offer.keys_sig, now, self.keyring, offer.source)
         if self.keyring is None or keyring.version > self.keyring.version:
             self.keyring = keyring
         return keyring

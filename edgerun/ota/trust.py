@@ -175,6 +175,22 @@ class TrustStore:
         keyring.public_keys()  # every entry must parse
         return keyring
 
+    def release_keyring(
+        self, keys: bytes | None, keys_sig: str | None, now: float, trusted: Keyring | None, source: str
+    ) -> Keyring:
+        """The release keys an offer is checked with: its own ``keys.json`` once verified against the roots and
+        ``trusted`` (never older), else the trusted one while it has not expired. The node and the station both
+        take their keys from here, so the station believes a release exactly when a node would; each caller
+        keeps a returned keyring newer than ``trusted`` its own way (the node on disk, the station in memory).
+        """
+        if keys is None or keys_sig is None:
+            if trusted is None:
+                raise Rejected("no_keys", f"{source}: no keys.json and none trusted yet")
+            if trusted.doc.expires and now >= parse_time(trusted.doc.expires, "keys.json expires"):
+                raise Rejected("expired", f"keys.json: version {trusted.version} expired at {trusted.doc.expires}")
+            return trusted
+        return self.verify_keys(keys, keys_sig, now, trusted)
+
     @staticmethod
     def verify_manifest(data: bytes, signatures: str, keyring: Keyring) -> Manifest:
         """Check a manifest's signatures against the release keys (threshold, revocations), then parse it."""

@@ -300,17 +300,11 @@ class Updater:
 
     def _keyring(self, offer: Offer, now: float) -> Keyring:
         trusted = self._trusted_keyring(now)
-        if offer.keys is None or offer.keys_sig is None:
-            if trusted is None:
-                raise Rejected("no_keys", f"{offer.source}: no keys.json and none trusted yet")
-            if trusted.doc.expires and now >= _ts(trusted.doc.expires):
-                raise Rejected("expired", f"keys.json: version {trusted.version} expired at {trusted.doc.expires}")
-            return trusted
-        keyring = self.trust.verify_keys(offer.keys, offer.keys_sig, now, trusted)
+        keyring = self.trust.release_keyring(offer.keys, offer.keys_sig, now, trusted, offer.source)
         if trusted is None or keyring.version > trusted.version:
             # Trust metadata, kept as soon as it verifies so a replayed older keys.json is refused.
-            atomic_write(self.store.trust / "keys.json.minisig", offer.keys_sig.encode())
-            atomic_write(self.store.trust / "keys.json", offer.keys)
+            atomic_write(self.store.trust / "keys.json.minisig", keyring.signatures.encode())
+            atomic_write(self.store.trust / "keys.json", keyring.raw)
             log.info("ota: trusting keys.json version %d", keyring.version)
         return keyring
 
@@ -647,12 +641,6 @@ def _close_serving(serving: Served) -> None:
         owner.close()
     else:
         serving.runtime.engine.close()
-
-
-def _ts(value: str) -> float:
-    from edgerun.ota.manifest import parse_time
-
-    return parse_time(value, "expires")
 
 
 def _read_if_hash(path: Path, sha256: str) -> bytes | None:

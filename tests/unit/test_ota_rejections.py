@@ -75,7 +75,8 @@ class Rig:
         """Have the node trust a keys.json (as if seen with an earlier release)."""
         self.fleet.write_keys(**kwargs)
         rel = self.fleet.release_dir
-        offer = SimpleNamespace(keys=(rel / "keys.json").read_bytes(), keys_sig=(rel / "keys.json.minisig").read_text())
+        keys, keys_sig = (rel / "keys.json").read_bytes(), (rel / "keys.json.minisig").read_text()
+        offer = SimpleNamespace(source="trust_keys", keys=keys, keys_sig=keys_sig)
         self.updater._keyring(offer, time.time())
 
     def poll(self) -> str | None:

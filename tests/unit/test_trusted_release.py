@@ -183,3 +183,16 @@ def test_a_promote_replayed_into_a_watch_directory_after_a_halt_is_refused(tmp_p
     assert rig.poll() == "rejected:replayed"
     assert "rollout step 0 is older than step 1 already verified" in rig.last["reason"]
     assert rig.updater.store.installed().version == 1
+
+
+def test_a_release_without_keys_is_checked_against_the_trusted_keys_expiry_as_a_node_does(released):
+    """Once the keys.json the station trusts has expired, a release that brings none is refused (``expired``),
+    as the node's updater refuses it; before, the station kept trusting an expired keyring."""
+    fleet, offer = released
+    v = verifier(fleet)
+    assert v.check(MODEL, message(offer)).trust == "verified"  # the station now trusts this keys.json
+    bare = Offer(offer.source, offer.manifest, offer.manifest_sig)
+    assert v.check(MODEL, message(bare)).trust == "verified"  # ... and checks a bare release with it
+    after_expiry = time.time() + 400 * 86400  # fleet keys.json expires in 365 days
+    checked = v.check(MODEL, message(bare), now=after_expiry)
+    assert (checked.trust, checked.code) == ("forged", "expired"), checked.reason
