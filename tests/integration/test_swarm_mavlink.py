@@ -55,6 +55,8 @@ from tests.integration.brokers import collecting, run_mosquitto, wait_for
 from tests.integration.test_swarm_nodes import FAST_TIMING, metric_value, metrics
 
 mavlink = pytest.importorskip("pymavlink.dialects.v20.common")
+# Three nodes start, then a ~25 s mission: the first test's share of the module fixture needs more than the default.
+pytestmark = pytest.mark.timeout(300)
 
 TARGET = (53.1181, -4.1279)  # the chin of the face on the ground (WGS84), in a field near Llanberis
 TARGET_GROUND_M = 131.0  # the search area's ground, metres above mean sea level
