@@ -69,6 +69,8 @@ class PoseConfig(Section):
     mount: Literal["fixed", "gimbal"] = "fixed"  # fixed: looks down the body's z axis; gimbal: its reported attitude
     hfov_deg: Annotated[float, msgspec.Meta(gt=1.0, lt=170.0)] = 60.0
     origin: list[float] = msgspec.field(default_factory=list)  # [lat, lon] of local east/north; empty: first fix
+    # The ground's height above mean sea level (m); unset: the autopilot's HOME_POSITION, else alt - relative_alt.
+    ground_alt_m: Annotated[float, msgspec.Meta(ge=-500.0, le=9000.0)] | None = None
     position_timeout_s: PositiveFloat = 1.0  # a frame further than this from a position fix gets no pose
     attitude_timeout_s: PositiveFloat = 0.5  # ... from an attitude (and gimbal attitude) sample
 

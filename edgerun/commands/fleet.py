@@ -1,12 +1,15 @@
-"""``edgerun fleet status | publish | promote | halt | rollback``: the fleet and its staged model rollouts."""
+"""``edgerun fleet status | objects | publish | promote | halt | rollback``: the fleet, what it found, its rollouts."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +24,7 @@ from edgerun.commands.options import (
     parse_hostport,
 )
 from edgerun.errors import ConfigError, EdgerunError
+from edgerun.wire import FLEET_OBJECTS_TOPIC
 
 
 def fleet_view(
@@ -97,6 +101,76 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if r["trust"] != "verified":
             line += f" [UNVERIFIED: {r['trust_reason']}]"
         print(line)
+    return 0
+
+
+MAX_HEARD = 100_000  # fleet messages kept by one `fleet objects` run (a few hundred bytes each)
+
+
+def hear_fleet_objects(host: str, port: int, topic: str, seconds: float, cfg: Any = None) -> list[bytes]:
+    """Every message on the fleet objects topic for ``seconds`` (a retained one first, if the broker has one)."""
+    from edgerun.mqtt_client import MqttError, connect_blocking, new_client
+
+    heard: list[bytes] = []
+    lock = threading.Lock()
+    subscribed = threading.Event()
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        with lock:
+            if msg.payload and len(heard) < MAX_HEARD:
+                heard.append(bytes(msg.payload))
+
+    client = new_client(cfg, id_prefix="edgerun-fleet-objects")
+    client.on_subscribe = lambda *args: subscribed.set()
+    client.on_message = on_message
+    connect_blocking(client, host, port)
+    try:
+        client.subscribe(topic, qos=1)
+        if not subscribed.wait(5.0):
+            raise MqttError(f"mqtt://{host}:{port}: no answer to the subscription to {topic} within 5 s")
+        time.sleep(seconds)
+        with lock:
+            return list(heard)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _write_output(path: str, data: bytes) -> None:
+    """Standard output for "-", else the file, replaced whole (a reader never sees half an export)."""
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"-o {path}: {err.strerror or err}") from None
+
+
+def cmd_fleet_objects(args: argparse.Namespace) -> int:
+    from edgerun.fleet.export import Export, render
+
+    host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
+    if not args.seconds > 0:
+        raise ConfigError(f"--seconds: expected more than 0, got {args.seconds:g}")
+    cfg = mqtt_client_config(args, host, port)
+    export = Export()
+    for payload in hear_fleet_objects(host, port, args.topic, args.seconds, cfg):
+        export.add_payload(payload)
+    _write_output(args.output, render(export, args.format))
+    count = len(export.objects)
+    summary = f"fleet objects: {count} from mqtt://{host}:{port} {args.topic} in {args.seconds:g} s"
+    unplaced = export.skipped_no_latlon
+    if unplaced and args.format != "csv":
+        summary += f"; {unplaced} without lat/lon (edgerun.object/1) left out of the {args.format}"
+    if export.bad:
+        summary += f"; {export.bad} bad messages skipped (first: {export.first_error})"
+    print(summary, file=sys.stderr)
     return 0
 
 
@@ -334,6 +408,22 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="listen this long (metrics come every few seconds)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fleet_status)
+    p = fsub.add_parser(
+        "objects",
+        help="what the swarm found, for a ground team's map: GeoJSON, KML or CSV",
+        description="Listen to the fleet objects topic and write the latest report of each object found: "
+        "GeoJSON (RFC 7946) or KML 2.2 for a map, or CSV. Objects without lat/lon (edgerun.object/1) "
+        "are left out of GeoJSON and KML and counted on stderr.",
+    )
+    p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+    add_broker_login_options(p)
+    p.add_argument("--format", choices=["geojson", "kml", "csv"], default="geojson")
+    p.add_argument("-o", "--output", default="-", metavar="FILE", help="write here (default: standard output)")
+    p.add_argument(
+        "--seconds", type=float, default=10.0, help="listen this long (objects are reported as drones find them)"
+    )
+    p.add_argument("--topic", default=FLEET_OBJECTS_TOPIC, help="the nodes' sinks.mqtt.fleet_topic")
+    p.set_defaults(func=cmd_fleet_objects)
     p = fsub.add_parser("publish", help="publish a signed release to a canary percentage of the fleet")
     p.add_argument("release", help="the new model bundle (directory or tar)")
     common(p, True)

@@ -72,6 +72,36 @@ def swarm_metrics(fleet: Any) -> Iterator[Metric]:
     yield suppressed
 
 
+def pose_metrics(pose: Any) -> Iterator[Metric]:
+    """The live pose source (MAVLink): frames with and without a pose, messages, drops, the ground height used."""
+    stats = pose.stats
+    frames = CounterMetricFamily(
+        "edgerun_pose_frames",
+        "Frames looked up in the autopilot's pose: posed, or why not (no such frames make ground claims).",
+        labels=["result"],
+    )
+    for result, key in (("posed", "poses"), ("stale", "stale"), ("no_fix", "no_fix"), ("no_gps_fix", "no_gps_fix")):
+        frames.add_metric([result], stats[key])
+    yield frames
+    messages = CounterMetricFamily("edgerun_pose_messages", "MAVLink messages used from the followed autopilot.")
+    messages.add_metric([], stats["messages"])
+    yield messages
+    dropped = CounterMetricFamily(
+        "edgerun_pose_dropped", "MAVLink bytes and messages dropped, by reason.", labels=["reason"]
+    )
+    for reason, n in sorted(stats["dropped"].items()):
+        dropped.add_metric([reason], n)
+    yield dropped
+    if stats["ground_alt_m"] is not None:
+        ground = GaugeMetricFamily(
+            "edgerun_pose_ground_alt_m",
+            "The ground's height above mean sea level, by where it came from.",
+            labels=["source"],
+        )
+        ground.add_metric([stats["ground_source"]], stats["ground_alt_m"])
+        yield ground
+
+
 class NodeCollector:
     """Yields every ``edgerun_*`` metric from a running Node."""
 
@@ -151,6 +181,9 @@ class NodeCollector:
         fleet = getattr(node, "fleet", None)
         if fleet is not None:
             yield from swarm_metrics(fleet)
+        pose = getattr(node, "pose_source", None)
+        if pose is not None:
+            yield from pose_metrics(pose)
         mcu = getattr(node, "mcu", None)
         if mcu is not None:
             yield from mcu.collect()  # edgerun_mcu_*: link, drops by reason, the MCU's health

@@ -1,19 +1,31 @@
 """Live camera pose from a MAVLink autopilot (``[source.pose] kind = "mavlink"``).
 
-Reads GLOBAL_POSITION_INT (position, height above home), ATTITUDE (body
-attitude) and, for a gimbal mount, GIMBAL_DEVICE_ATTITUDE_STATUS or
+Reads GLOBAL_POSITION_INT (position, height above mean sea level), ATTITUDE
+(body attitude), HOME_POSITION (the home's height), GPS_RAW_INT (whether the
+GNSS has a 3D fix) and, for a gimbal mount, GIMBAL_DEVICE_ATTITUDE_STATUS or
 MOUNT_ORIENTATION, decoded by pymavlink's own parser, and turns them into an
-``edgerun.types.Pose`` in the replay's convention: east/north/up metres around
-the first position fix (or the configured origin), the ground being the home
-altitude; the attitude is the camera's, expressed as the belly camera the Pose
+``edgerun.types.Pose`` in the replay's convention: east/north metres in the
+``swarm.geo.LocalFrame`` of the configured origin (or the first position fix),
+which never moves once set, and ``up_m`` the camera's height above the ground.
+Every pose carries its frame's geodetic origin and the ground's height above
+mean sea level (``origin_lat``, ``origin_lon``, ``ground_alt_m``), so its ground
+fixes become latitude/longitude that every drone agrees on whatever its launch
+point. The attitude is the camera's, expressed as the belly camera the Pose
 convention describes (a gimbal's angles are folded in by ``swarm.geo``).
+
+The ground's height, in order: ``[source.pose] ground_alt_m`` (the operator's,
+AMSL); else the autopilot's HOME_POSITION altitude (requested with
+MAV_CMD_REQUEST_MESSAGE over the link, never waited for); else the home height
+GLOBAL_POSITION_INT implies (``alt - relative_alt``). A frame captured while
+the GNSS reports no 3D fix, or too long after the last position, gets no pose
+(counted as ``no_gps_fix`` / ``stale``): a pose that may be tens of metres off
+would put a found person in the wrong place, so the frame makes no claim.
 
 I/O runs on the asyncio loop with no thread: an asyncio datagram endpoint for
 ``udpin:HOST:PORT`` and pyserial-asyncio-fast for a serial port. The parser is
 fed bytes (``feed``), so the same code is driven by tests without sockets; the
 messages are small and few (tens per second), so parsing them on the loop costs
-less than a thread hand-off would. Bad bytes are dropped and counted by reason;
-a frame captured too long after the last fix gets no pose, counted as stale.
+less than a thread hand-off would. Bad bytes are dropped and counted by reason.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import math
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,17 +45,21 @@ import numpy as np
 from edgerun.config import PoseConfig
 from edgerun.errors import ConfigError, SourceError
 from edgerun.types import Pose
-from swarm.geo import CameraPose, angles_zyx, fold_gimbal
+from swarm.geo import CameraPose, LocalFrame, angles_zyx, fold_gimbal
 
 log = logging.getLogger(__name__)
 
-# WGS84: the local frame uses the ellipsoid's radii of curvature at the origin (flat-earth, metres over km).
-_WGS84_A = 6378137.0
-_WGS84_E2 = 6.69437999014e-3
 _GIMBAL_YAW_LOCK = 16
 _GIMBAL_YAW_IN_VEHICLE_FRAME = 32
 _GIMBAL_YAW_IN_EARTH_FRAME = 64
 _HISTORY = 32  # samples kept per stream, to pick the one nearest a frame's capture time
+_GPS_FIX_TYPE_3D = 3  # GPS_FIX_TYPE_3D_FIX: below it (no GPS, no fix, 2D) the position is dead reckoning at best
+# GPS_RAW_INT older than this says nothing about the fix any more (autopilots stream it at 1-10 Hz).
+_GPS_STATUS_TIMEOUT_S = 3.0
+_HOME_REQUESTS = 5  # MAV_CMD_REQUEST_MESSAGE(HOME_POSITION) tries, one every _HOME_REQUEST_EVERY_S
+_HOME_REQUEST_EVERY_S = 2.0
+# Where the ground's height came from, best first (Pose.ground_alt_m; the source is logged when it changes).
+GROUND_SOURCES = ("configured", "home_position", "global_position")
 
 _UDP_RE = re.compile(r"^(?:udpin|udp):(?P<host>[^:]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 _SERIAL_RE = re.compile(r"^(?P<device>/[^,]+),(?P<baud>\d{3,7})$")
@@ -67,16 +83,6 @@ def parse_link_url(url: str) -> LinkUrl:
     if m:
         return LinkUrl("serial", device=m.group("device"), baud=int(m.group("baud")))
     raise ConfigError(f"source.pose.url: expected 'udpin:HOST:PORT' or 'DEVICE,BAUD', got {url!r}")
-
-
-def local_east_north(lat: float, lon: float, lat0: float, lon0: float) -> tuple[float, float]:
-    """Degrees -> metres east/north of (lat0, lon0) on the WGS84 ellipsoid's tangent plane (small areas)."""
-    phi = math.radians(lat0)
-    s2 = math.sin(phi) ** 2
-    prime_vertical = _WGS84_A / math.sqrt(1.0 - _WGS84_E2 * s2)
-    meridional = _WGS84_A * (1.0 - _WGS84_E2) / (1.0 - _WGS84_E2 * s2) ** 1.5
-    dlon = (lon - lon0 + 180.0) % 360.0 - 180.0
-    return math.radians(dlon) * prime_vertical * math.cos(phi), math.radians(lat - lat0) * meridional
 
 
 def quaternion_angles(w: float, x: float, y: float, z: float) -> tuple[float, float, float]:
@@ -128,12 +134,30 @@ class MavlinkPoseSource:
         self._mavlink = mavlink
         self._parser = self._new_parser()
         self._system = cfg.system_id
+        self._component = 0  # the component that sends GLOBAL_POSITION_INT: HOME_POSITION is requested from it
         self._origin: tuple[float, float] | None = (cfg.origin[0], cfg.origin[1]) if cfg.origin else None
-        self._position = _Samples()  # (east, north, up)
+        self._frame: LocalFrame | None = None
+        self._position = _Samples()  # (lat, lon, alt AMSL m, alt - relative_alt: the home height it implies)
         self._attitude = _Samples()  # (yaw, pitch, roll) degrees, body
         self._gimbal = _Samples()  # (yaw relative to the heading or None, yaw in earth frame or None, pitch, roll)
+        self._gps = _Samples()  # GPS_RAW_INT fix_type
+        self._home_alt_m: float | None = None  # HOME_POSITION altitude, AMSL
+        self._home_requests = 0
+        self._next_home_request = 0.0
+        self._sender: Any = None  # pymavlink encoder for the requests, made once the system id is known
+        self._ground_logged: str | None = None
         self._transport: Any = None
-        self.stats: dict[str, Any] = {"messages": 0, "poses": 0, "stale": 0, "no_fix": 0, "dropped": {}}
+        self.stats: dict[str, Any] = {
+            "messages": 0,
+            "poses": 0,
+            "stale": 0,
+            "no_fix": 0,
+            "no_gps_fix": 0,
+            "home_requests": 0,
+            "ground_source": "",  # one of GROUND_SOURCES once a pose was made
+            "ground_alt_m": None,
+            "dropped": {},
+        }
         self.local_addr: tuple[str, int] | None = None
 
     def _new_parser(self) -> Any:
@@ -154,10 +178,16 @@ class MavlinkPoseSource:
 
         class _Protocol(asyncio.DatagramProtocol, asyncio.Protocol):
             def datagram_received(self, data: bytes, addr: Any) -> None:
-                source.feed(data, time.monotonic())
+                now = time.monotonic()
+                source.feed(data, now)
+                for request in source.outgoing(now):  # back to where the autopilot's stream comes from
+                    source._transport.sendto(request, addr)
 
             def data_received(self, data: bytes) -> None:
-                source.feed(data, time.monotonic())
+                now = time.monotonic()
+                source.feed(data, now)
+                for request in source.outgoing(now):
+                    source._transport.write(request)
 
             def error_received(self, exc: Exception) -> None:
                 source._drop("socket_error")
@@ -199,13 +229,57 @@ class MavlinkPoseSource:
             except (ArithmeticError, TypeError, ValueError):  # a field pymavlink decoded but we cannot use
                 self._drop("bad_message")
 
+    def outgoing(self, now: float) -> list[bytes]:
+        """Bytes to send the autopilot now: a HOME_POSITION request while its home height is unknown.
+
+        A few tries, a couple of seconds apart, once the autopilot has been heard; a link that is read-only or
+        an autopilot that never answers costs nothing more (the ground then comes from GLOBAL_POSITION_INT).
+        """
+        if (
+            self.cfg.ground_alt_m is not None
+            or self._home_alt_m is not None
+            or self._system == 0
+            or self._home_requests >= _HOME_REQUESTS
+            or now < self._next_home_request
+        ):
+            return []
+        if self._sender is None:
+            # A companion computer on the vehicle: the autopilot's system id, the onboard-computer component.
+            self._sender = self._mavlink.MAVLink(
+                None, srcSystem=self._system, srcComponent=self._mavlink.MAV_COMP_ID_ONBOARD_COMPUTER
+            )
+        msg = self._sender.command_long_encode(
+            self._system,
+            self._component,
+            self._mavlink.MAV_CMD_REQUEST_MESSAGE,
+            self._home_requests,  # confirmation: 0 for the first try, then counts the retransmissions
+            float(self._mavlink.MAVLINK_MSG_ID_HOME_POSITION),
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,  # param7 0: the response goes where the flight stack sends its stream
+        )
+        self._home_requests += 1
+        self._next_home_request = now + _HOME_REQUEST_EVERY_S
+        self.stats["home_requests"] += 1
+        return [msg.pack(self._sender)]
+
     def _handle(self, msg: Any, now: float) -> None:
         kind = msg.get_type()
         if kind == "BAD_DATA":
             reason = str(getattr(msg, "reason", ""))
             self._drop("bad_crc" if "CRC" in reason else "bad_prefix" if "prefix" in reason else "bad_frame")
             return
-        if kind not in ("GLOBAL_POSITION_INT", "ATTITUDE", "GIMBAL_DEVICE_ATTITUDE_STATUS", "MOUNT_ORIENTATION"):
+        if kind not in (
+            "GLOBAL_POSITION_INT",
+            "ATTITUDE",
+            "HOME_POSITION",
+            "GPS_RAW_INT",
+            "GIMBAL_DEVICE_ATTITUDE_STATUS",
+            "MOUNT_ORIENTATION",
+        ):
             return
         system = msg.get_srcSystem()
         if self._system == 0:
@@ -223,14 +297,26 @@ class MavlinkPoseSource:
             if self._origin is None:
                 self._origin = (lat, lon)
                 log.info("pose: local origin at %.7f, %.7f (first fix)", lat, lon)
-            east, north = local_east_north(lat, lon, *self._origin)
-            self._position.add(now, (east, north, msg.relative_alt / 1000.0))
+            if not self._component:
+                self._component = msg.get_srcComponent()
+            alt_m = msg.alt / 1000.0
+            self._position.add(now, (lat, lon, alt_m, alt_m - msg.relative_alt / 1000.0))
         elif kind == "ATTITUDE":
             values = (math.degrees(msg.yaw), math.degrees(msg.pitch), math.degrees(msg.roll))
             if not all(math.isfinite(v) for v in values):
                 self._drop("attitude_invalid")
                 return
             self._attitude.add(now, values)
+        elif kind == "HOME_POSITION":
+            if msg.latitude == 0 and msg.longitude == 0:
+                self._drop("no_home")  # no home set yet
+                return
+            altitude = msg.altitude / 1000.0
+            if self._home_alt_m is not None and abs(altitude - self._home_alt_m) > 0.5:
+                log.info("pose: the autopilot's home moved to %.1f m AMSL (was %.1f)", altitude, self._home_alt_m)
+            self._home_alt_m = altitude
+        elif kind == "GPS_RAW_INT":
+            self._gps.add(now, int(msg.fix_type))
         elif kind == "GIMBAL_DEVICE_ATTITUDE_STATUS":
             if not all(math.isfinite(v) for v in msg.q) or not any(msg.q):
                 self._drop("gimbal_invalid")
@@ -254,6 +340,33 @@ class MavlinkPoseSource:
 
     # the pose
 
+    def ground(self, implied_m: float) -> tuple[float, str]:
+        """The ground's height AMSL and where it came from (GROUND_SOURCES), given the home height a fix implies."""
+        if self.cfg.ground_alt_m is not None:
+            ground, source = self.cfg.ground_alt_m, "configured"
+        elif self._home_alt_m is not None:
+            ground, source = self._home_alt_m, "home_position"
+        else:
+            ground, source = implied_m, "global_position"
+        if source != self._ground_logged:
+            self._ground_logged = source
+            self.stats["ground_source"] = source
+            log.info("pose: ground at %.2f m AMSL (from %s)", ground, source)
+        self.stats["ground_alt_m"] = ground
+        return ground, source
+
+    def _local_frame(self) -> LocalFrame:
+        """The east/north frame at the origin, made once (its origin never moves).
+
+        Its height is 0: a topocentric frame's east/north do not depend on its origin's height, so the ground's
+        height (which may come from HOME_POSITION later) changes only ``up``, which is measured from the ground.
+        """
+        frame = self._frame
+        if frame is None:
+            assert self._origin is not None  # set with the first position sample
+            frame = self._frame = LocalFrame(self._origin[0], self._origin[1], 0.0)
+        return frame
+
     def latest(self, t_capture: float) -> Pose | None:
         """The pose nearest ``t_capture`` (time.monotonic() seconds), or None when a needed stream is stale."""
         cfg = self.cfg
@@ -273,13 +386,23 @@ class MavlinkPoseSource:
         ):
             self.stats["stale"] += 1
             return None
-        east, north, up = position[1]
+        gps = self._gps.nearest(t_capture)
+        if gps is not None and abs(t_capture - gps[0]) <= _GPS_STATUS_TIMEOUT_S and gps[1] < _GPS_FIX_TYPE_3D:
+            self.stats["no_gps_fix"] += 1  # the autopilot's position is dead reckoning: no pose, no claim
+            return None
+        lat, lon, alt_m, implied_ground_m = position[1]
+        ground_m, _ = self.ground(implied_ground_m)
+        frame = self._local_frame()
+        east, north, _ = frame.from_geodetic(lat, lon, ground_m)  # the point on the ground below the drone
+        up = alt_m - ground_m
         yaw, pitch, roll = attitude[1]
-        camera = CameraPose(east, north, up, yaw, pitch, roll, cfg.hfov_deg)
+        camera = CameraPose(float(east), float(north), up, yaw, pitch, roll, cfg.hfov_deg)
         if gimbal is not None:
             relative, absolute, g_pitch, g_roll = gimbal[1]
             g_yaw = relative if relative is not None else absolute - yaw
-            camera = fold_gimbal(CameraPose(east, north, up, yaw, pitch, roll, cfg.hfov_deg, g_yaw, g_pitch, g_roll))
+            camera = fold_gimbal(
+                replace(camera, gimbal_yaw_deg=g_yaw, gimbal_pitch_deg=g_pitch, gimbal_roll_deg=g_roll)
+            )
         self.stats["poses"] += 1
         return Pose(
             east_m=camera.east_m,
@@ -289,4 +412,7 @@ class MavlinkPoseSource:
             pitch_deg=camera.pitch_deg,
             roll_deg=camera.roll_deg,
             hfov_deg=camera.hfov_deg,
+            origin_lat=frame.lat0,
+            origin_lon=frame.lon0,
+            ground_alt_m=ground_m,
         )
