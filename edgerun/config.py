@@ -131,7 +131,10 @@ class MqttSinkConfig(Section):
     port: Port = 1883
     client_id: str = ""  # empty: "edgerun-<node id>"
     topic_prefix: str = ""  # empty: "edgerun/<node id>/"
-    fleet_topic: str = wire.FLEET_OBJECTS_TOPIC  # fleet objects this node owns (edgerun.object/1), fleet-wide
+    fleet_topic: str = wire.FLEET_OBJECTS_TOPIC  # fleet objects this node owns (edgerun.object/2), fleet-wide
+    # Each fleet object is also retained on <fleet_topic>/<id> for this long (MQTT 5 message expiry), so a station
+    # or `edgerun fleet objects` started later gets every find; 0: not retained. Default: a day's mission.
+    object_retain_s: NonNegInt = 86400
     qos_detections: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0
     qos_events: Annotated[int, msgspec.Meta(ge=0, le=1)] = 1
     qos_metrics: Annotated[int, msgspec.Meta(ge=0, le=1)] = 0

@@ -12,6 +12,7 @@ Topics (``<node>`` is the node id; ``edgerun/<node>/`` is a node's default prefi
     edgerun/<node>/metrics            Metrics     (edgerun.metrics/1), periodic
     edgerun/<node>/swarm              SwarmView   (edgerun.swarm/1), retained
     edgerun/fleet/objects             FleetObject (edgerun.object/2: lat/lon), reported by the object's owner
+    edgerun/fleet/objects/<id>        the same, the latest of each object, retained (expires after a day)
     edgerun/fleet/releases/<model>    the signed release (edgerun.ota.release/1, retained); files below it
     edgerun/fleet/rollouts/<model>    RolloutEnvelope (edgerun.rollout/1, retained, signed)
     edgerun/station/events            a station's events (edgerun.event/1, node "station")
@@ -54,12 +55,14 @@ RELEASE_SCHEMA: Final = "edgerun.ota.release/1"
 NODE_ALIAS_KEYS = ("detections", "metrics", "events", "status")
 NODE_TOPICS = ("detections", "events", "status", "metrics", "swarm")
 FLEET_OBJECTS_TOPIC = "edgerun/fleet/objects"
+FLEET_OBJECTS_RETAINED = FLEET_OBJECTS_TOPIC + "/+"  # <fleet topic>/<object id>: each object's latest, retained
 RELEASES_PREFIX = "edgerun/fleet/releases"
 ROLLOUTS_PREFIX = "edgerun/fleet/rollouts"
 STATION_EVENTS_TOPIC = "edgerun/station/events"
 RESERVED_NODE_IDS = frozenset({"fleet", "station"})  # second topic levels that are not nodes
 STATION_SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
     FLEET_OBJECTS_TOPIC,
+    FLEET_OBJECTS_RETAINED,
     f"{RELEASES_PREFIX}/+",
     f"{ROLLOUTS_PREFIX}/+",
 ]

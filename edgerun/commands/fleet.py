@@ -108,7 +108,8 @@ MAX_HEARD = 100_000  # fleet messages kept by one `fleet objects` run (a few hun
 
 
 def hear_fleet_objects(host: str, port: int, topic: str, seconds: float, cfg: Any = None) -> list[bytes]:
-    """Every message on the fleet objects topic for ``seconds`` (a retained one first, if the broker has one)."""
+    """Every message on the fleet objects topic for ``seconds``, after the latest of each object the broker
+    retains on ``<topic>/<id>`` (the nodes' ``sinks.mqtt.object_retain_s``)."""
     from edgerun.mqtt_client import MqttError, connect_blocking, new_client
 
     heard: list[bytes] = []
@@ -125,7 +126,7 @@ def hear_fleet_objects(host: str, port: int, topic: str, seconds: float, cfg: An
     client.on_message = on_message
     connect_blocking(client, host, port)
     try:
-        client.subscribe(topic, qos=1)
+        client.subscribe([(topic, 1), (f"{topic}/+", 1)])
         if not subscribed.wait(5.0):
             raise MqttError(f"mqtt://{host}:{port}: no answer to the subscription to {topic} within 5 s")
         time.sleep(seconds)

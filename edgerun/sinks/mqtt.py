@@ -85,11 +85,19 @@ def _to_builtin(obj: Any) -> Any:
 class _Message:
     """A pre-encoded non-detection message (event, metrics) waiting in the events queue."""
 
-    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type", "expiry_s")
+    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type", "expiry_s", "topic")
 
     def __init__(
-        self, topic_key: str, payload: bytes, qos: int, retain: bool, content_type: str, expiry_s: int = 0
+        self,
+        topic_key: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        content_type: str,
+        expiry_s: int = 0,
+        topic: str | None = None,  # instead of the key's topic (a fleet object's own retained topic)
     ) -> None:
+        self.topic = topic
         self.topic_key = topic_key
         self.payload = payload
         self.qos = qos
@@ -227,21 +235,37 @@ class MqttSink(Sink):
         self._queue_message(_Message("events", body, self.cfg.qos_events, False, "application/json"))
 
     def publish_object(self, payload: dict[str, Any]) -> None:
-        """A fleet object this node owns, at QoS 1: a found person must reach the ground station."""
+        """A fleet object this node owns, at QoS 1: a found person must reach the ground station.
+
+        Also retained on the object's own topic (``<fleet_topic>/<id>``) for ``object_retain_s``, so a station or
+        ``edgerun fleet objects`` that starts later still gets every find the broker holds.
+        """
         self._queue_json("objects", payload, 1, retain=False)
+        if self.cfg.object_retain_s and isinstance(payload.get("id"), str):
+            topic = f"{self.topics['objects']}/{payload['id']}"
+            self._queue_json("objects", payload, 1, retain=True, topic=topic, expiry_s=self.cfg.object_retain_s)
 
     def publish_swarm_view(self, view: dict[str, Any]) -> None:
         """This node's swarm view, retained, so a station that starts later sees the fleet at once."""
         self._queue_json("swarm", view, self.cfg.qos_status, retain=True)
 
-    def _queue_json(self, topic_key: str, payload: dict[str, Any], qos: int, *, retain: bool) -> None:
+    def _queue_json(
+        self,
+        topic_key: str,
+        payload: dict[str, Any],
+        qos: int,
+        *,
+        retain: bool,
+        topic: str | None = None,
+        expiry_s: int = 0,
+    ) -> None:
         try:
             body = self._encoder.encode(payload)
         except (TypeError, msgspec.EncodeError) as err:
             self.stats.errors += 1
             log.warning("mqtt: %s message is not JSON-encodable (%s); not published", topic_key, err)
             return
-        self._queue_message(_Message(topic_key, body, qos, retain, "application/json"))
+        self._queue_message(_Message(topic_key, body, qos, retain, "application/json", expiry_s, topic))
 
     def set_metrics_provider(self, provider: Callable[[], dict[str, Any]]) -> None:
         """Where the periodic ``metrics`` message gets the node's summary."""
@@ -590,6 +614,7 @@ class MqttSink(Sink):
                 self._kind_of(message.topic_key),
                 message,
                 props,
+                message.topic,
             )
             if mid is None:
                 return
@@ -628,14 +653,15 @@ class MqttSink(Sink):
         kind: str,
         item: Any,
         props: Properties | None = None,
+        topic_override: str | None = None,
     ) -> int | None:
         """One PUBLISH on the current connection; returns its mid, or None if the connection is gone."""
         if props is None:
             props = Properties(PacketTypes.PUBLISH)
         props.ContentType = content_type
         props.PayloadFormatIndicator = 1  # UTF-8 text
-        topic = self.topics[topic_key]
-        alias = self._alias_of.get(topic_key)
+        topic = topic_override or self.topics[topic_key]
+        alias = None if topic_override else self._alias_of.get(topic_key)
         if alias is not None:
             props.TopicAlias = alias
             if topic_key in self._alias_bound:

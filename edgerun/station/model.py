@@ -39,6 +39,7 @@ NODE_SCHEMAS = {
 }
 _RELEASES = wire.RELEASES_PREFIX.split("/")
 _ROLLOUTS = wire.ROLLOUTS_PREFIX.split("/")
+_OBJECTS = wire.FLEET_OBJECTS_TOPIC.split("/")
 MAX_BOXES = 100
 # Rejections that are the release's fault (it does not open, warm up or hash), as opposed to policy or transport.
 RELEASE_FAULTS = frozenset({"warmup_failed", "bad_bundle", "hash_mismatch"})
@@ -171,8 +172,8 @@ class FleetModel:
         try:
             if len(parts) == 3 and parts[0] == "edgerun" and parts[1] not in RESERVED_IDS:
                 self._node_message(parts[1], parts[2], payload, now)
-            elif topic == wire.FLEET_OBJECTS_TOPIC:
-                self._object(payload, now)
+            elif topic == wire.FLEET_OBJECTS_TOPIC or (len(parts) == 4 and parts[:3] == _OBJECTS):
+                self._object(payload, now)  # the stream, or an object's retained latest (a later start)
             elif len(parts) == 4 and parts[:3] == _RELEASES:
                 self._release(parts[3], payload)
             elif len(parts) == 4 and parts[:3] == _ROLLOUTS:

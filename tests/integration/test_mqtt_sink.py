@@ -585,3 +585,38 @@ def test_bench_sinks_short_form() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_a_fleet_object_is_streamed_and_retained_on_its_own_topic_for_a_later_reader() -> None:
+    """A station or `edgerun fleet objects` that connects after the owner reported still gets the find: the
+    latest of each object is retained on edgerun/fleet/objects/<id>, with the configured expiry."""
+    obj = {"schema": "edgerun.object/2", "id": "9f2c41d07b3e8a15", "label": "face", "lat": 53.1172073,
+           "lon": -4.1297391, "alt_m": 100.0, "uncertainty_m": 0.6, "first_seen": 1.0, "last_seen": 2.0,
+           "score": 0.9, "owner": NODE, "seen_by": [NODE], "ts": 2.5}  # fmt: skip
+    with run_mosquitto() as broker:
+        with collecting(broker.port, ["edgerun/fleet/objects"]) as live:
+
+            async def go() -> None:
+                sink = MqttSink(mqtt_cfg(broker.port, object_retain_s=600), NODE)
+                await sink.start()
+                await until(lambda: sink.stats.connected, what="connection")
+                sink.publish_object(obj)
+                sink.publish_object({**obj, "seen_by": [NODE, "drone-9"], "ts": 3.0})  # an update: the latest stays
+                await sink.close(1.0)
+
+            asyncio.run(go())
+            assert wait_for(lambda: len(live.on("edgerun/fleet/objects")) == 2)
+        with collecting(broker.port, ["edgerun/fleet/objects/+"]) as late:
+            assert wait_for(lambda: len(late.on(f"edgerun/fleet/objects/{obj['id']}")) >= 1)
+            time.sleep(0.3)
+            (msg,) = late.on(f"edgerun/fleet/objects/{obj['id']}")
+        assert msg.retain and json.loads(msg.payload)["seen_by"] == [NODE, "drone-9"]
+        assert 1 <= msg.properties["MessageExpiryInterval"] <= 600
+        done = subprocess.run(
+            [sys.executable, "-m", "edgerun", "fleet", "objects", "--mqtt", f"127.0.0.1:{broker.port}",
+             "--format", "csv", "--seconds", "0.5"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.strip().splitlines()
+    assert len(rows) == 2 and rows[1].startswith(obj["id"]), done.stdout

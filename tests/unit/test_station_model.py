@@ -276,6 +276,19 @@ def test_events_are_bounded_and_deltas_carry_only_new_ones():
     assert m.events[-1]["text"] == "swarm event=join member=d2"
 
 
+def test_objects_come_from_the_stream_and_from_each_objects_retained_topic():
+    """A station started after the finds reads each object's retained latest (edgerun/fleet/objects/<id>);
+    version 2 objects carry lat/lon, version 1 ones their east/north only."""
+    m = FleetModel()
+    v2 = {**obj(1, T0), "schema": "edgerun.object/2", "lat": 53.1172073, "lon": -4.1297391, "alt_m": 100.0}
+    m.ingest("edgerun/fleet/objects/o1", json.dumps(v2).encode(), T0)
+    m.ingest("edgerun/fleet/objects", json.dumps(obj(2, T0)).encode(), T0)
+    m.ingest("edgerun/fleet/objects/o3/image", json.dumps(obj(3, T0)).encode(), T0)  # not an object topic
+    assert sorted(m.objects) == ["o1", "o2"]
+    assert (m.objects["o1"]["lat"], m.objects["o1"]["lon"], m.objects["o1"]["east_m"]) == (53.1172073, -4.1297391, 2.0)
+    assert m.objects["o2"]["lat"] is None and m.objects["o2"]["east_m"] == 3.0
+
+
 def test_parse_object_accepts_a_seen_by_count():
     parsed = parse_object({"id": 7, "label": "person", "east_m": 1, "north_m": 2, "seen_by": 4})
     assert parsed["id"] == "7" and parsed["seen_count"] == 4 and parsed["seen_by"] == []
