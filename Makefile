@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
+.PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
 
 all: test
 
@@ -60,6 +60,14 @@ bench: $(MODELS)
 	$(BIN)/edgerun bench --model blazeface_short --seconds $(SECONDS) --json bench-results/blazeface_short.json > /dev/null
 	$(BIN)/edgerun bench --model pose_detector --seconds $(SECONDS) --json bench-results/pose_detector.json > /dev/null
 	$(BIN)/edgerun bench --table bench-results/blazeface_short.json bench-results/pose_detector.json
+
+# The swarm's benchmarks (#21), JSON under bench-results/: the MAVLink swarm with real autopilot bytes (three
+# drones launched far apart at different heights, one face: the fleet object's miss and stated uncertainty).
+bench-swarm: $(MODELS)
+	-@bash .ci/install-system-deps demo
+	mkdir -p bench-results
+	EDGERUN_BENCH_JSON=bench-results/swarm_mavlink.json $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/integration/test_swarm_mavlink.py
 
 # Lint, format and types; .ci/run runs it first (fast, fails early). Same checks as .pre-commit-config.yaml.
 LINT_PATHS := edgerun swarm hil tests

@@ -350,6 +350,12 @@ def test_one_fleet_object_at_the_targets_true_lat_lon(mission: dict[str, Any]) -
     miss = math.hypot(east, north)
     print(f"\nfleet object {obj['id']}: {miss:.2f} m from the target (uncertainty {obj['uncertainty_m']:.2f} m), "
           f"seen by {obj['seen_by']}, owner {obj['owner']}")  # fmt: skip
+    if os.environ.get("EDGERUN_BENCH_JSON"):  # `make bench-swarm`: the figures as a benchmark record
+        Path(os.environ["EDGERUN_BENCH_JSON"]).write_text(json.dumps({
+            "benchmark": "swarm_mavlink", "fleet_objects": len(latest), "objects_in_scene": 1,
+            "miss_m": round(miss, 3), "uncertainty_m": obj["uncertainty_m"], "alt_m": obj["alt_m"],
+            "seen_by": sorted(obj["seen_by"]), "homes_alt_m": sorted(p.flight.home_alt_m for p in mission["pilots"]),
+        }, indent=2) + "\n")  # fmt: skip
     assert miss <= obj["uncertainty_m"] and miss <= 1.0
     assert obj["alt_m"] == pytest.approx(TARGET_GROUND_M, abs=0.01)
     assert obj["label"] == "face" and sorted(obj["seen_by"]) == sorted(d.node_id for d in crew)
