@@ -35,7 +35,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +51,7 @@ from edgerun.types import Pose
 from swarm.geo import CameraPose, LocalFrame, ground_offset_m, project_points
 from tests.conftest import free_port
 from tests.integration.brokers import collecting, run_mosquitto, wait_for
-from tests.integration.test_swarm_nodes import FAST_TIMING, metric_value, metrics
+from tests.integration.test_swarm_nodes import FAST_TIMING, healthz, metric_value, metrics
 
 mavlink = pytest.importorskip("pymavlink.dialects.v20.common")
 # Three nodes start, then a ~25 s mission: the first test's share of the module fixture needs more than the default.
@@ -261,14 +260,6 @@ class Autopilot:
 
 
 # -- the test -----------------------------------------------------------------------------------
-
-
-def healthz(port: int) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return {}
 
 
 def posed_faces(path: Path) -> list[dict[str, Any]]:
