@@ -11,34 +11,45 @@ claim replaces a queued older one) and publishes what ``tick`` returns.
 * Positions are geodetic (WGS84 latitude/longitude and the ground's height above
   mean sea level), the one frame every drone agrees on whatever its launch point;
   distances between claims and fixes are horizontal (``swarm.geo.ground_offset_m``).
-* Two claims of one class are the same object when their positions agree within
-  ``radius_m`` widened by their uncertainties and their seen intervals overlap
-  within ``window_s``; an object is a connected group of such claims, so every
-  node that holds the same claims groups them the same way, whatever order they
-  arrived in.
-* The object's owner is the first of its claims in one total order (best score,
-  then node id, then track id). Only the owner reports it, once; a node whose
-  track belongs to an object some claim says was reported stays quiet. After a
-  partition heals, claims from both sides meet, carry ``reported``, and nobody
-  reports the object again.
-* ``hold_s`` delays a track's decision that long after its first fix so peers'
-  claims can arrive; 0 reports at once and suppresses later copies (two drones
-  that find an object within a gossip round trip then both report it).
-* Gossip costs every member a retransmission of every claim, so only what peers
-  need goes out: undecided tracks (they may come first in the order), the
-  objects this node reported (again while it still sees them), and, from a quiet
-  track, its reported claim when it has seen the object ``memory_slack_s`` past
-  what any reported claim says (the swarm's memory of the report then lasts while
-  anyone sees the object) or when a holding peer claims an object this node
-  remembers as reported (a reminder, answered before the peer's hold ends).
+* Two claims of one class are the same object when their positions agree within ``radius_m`` (not
+  widened by their uncertainties: a fresh fix's wide gate must not merge two people a few metres apart)
+  and their seen intervals overlap within ``window_s``.
+* Reporting is at-least-once. A node stays quiet about a track only while a claim that says ``reported``
+  matches it: its object is known to be published (a claim says ``reported`` once its node's driver
+  confirmed the publication with ``published``, or once the node matched such a claim itself). A track
+  whose cover stops matching (its position settled further away) is decided again.
+* Who reports an object nobody reported yet: the undecided claims are grouped around leaders, taken in one
+  total order (earliest first seen, then node id, then track id) that every node computes the same way
+  from the claims it holds; a leader takes the not yet grouped claims that match it (no chains: two
+  people a few metres apart are not merged through a third claim). The leader's node reports the group
+  once the leader's ``hold_s`` (from its first fix) is over; the others wait for its ``reported`` claim.
+  A node that holds no such claim ``defer_s`` after its own hold ended reports the object itself (the
+  leader died, is cut off, grouped differently, or never reported).
+* The bound: a track of ``min_hits`` fixes on a live node is published by some node within
+  ``hold_s + defer_s`` of its first fix (or of its cover ending), plus one tick of this node. ``defer_s``
+  covers the leader's tick, its sink's confirmation and the gossip's spread (``deferral_s``); one too
+  short costs duplicates, never a report. Node clocks (claims carry wall time) must agree within a
+  fraction of it.
+* ``hold_s`` delays a track's decision that long after its first fix so peers' claims can arrive; 0
+  reports at once and suppresses later copies (two drones that find an object within a gossip round trip
+  then both report it).
+* A track that ends, is evicted, or belongs to a node that leaves (``flush``) is still decided: what is
+  not covered is reported.
+* Gossip costs every member a retransmission of every claim, so only what peers need goes out: undecided
+  tracks, the objects this node reported (again while it still sees them), and, from a quiet track, its
+  reported claim when it has seen the object ``memory_slack_s`` past what any reported claim says (the
+  swarm's memory of the report then lasts while anyone sees the object) or when a holding peer claims an
+  object this node remembers as reported (a reminder, answered before the peer's hold ends).
 
 Everything expires ``window_s`` after it was last seen or heard, and every table
 has a cap, so memory is bounded under any input. A peer's unreported claim that
 goes unheard for ``peer_silence_s`` (its node died or is cut off) is dropped
-sooner, so another node takes the object over; the driver may call
-``forget_node`` on the membership's dead/leave events to do it at once, and
-``resend_claims`` on join and alive events (gossip reaches only the members of
-its moment; a late joiner or a healed side learns older claims from these).
+sooner; the driver may call ``forget_node`` on the membership's dead/leave
+events to do it at once, and ``resend_claims`` on join and alive events (gossip
+reaches only the members of its moment; a late joiner or a healed side learns
+older claims from these). The driver calls ``published(object_id)`` once its
+sinks took an object ``tick`` returned; until then the object is returned again
+every ``claim_refresh_s``.
 
 Times in claims are wall-clock (``wall``: nodes' monotonic clocks differ); the
 expiry of local state uses the monotonic ``now``.
@@ -68,6 +79,9 @@ class DedupConfig:
     max_gate_m: float = 25.0  # ... up to this distance
     window_s: float = 60.0  # seen within this long of each other; also how long state is kept
     hold_s: float = 0.0  # wait this long after a track's first fix for peers' claims; 0: decide at once
+    # A track whose object a peer leads is reported by this node when no claim says the object was published
+    # this long after its hold ended (the at-least-once deadline; deferral_s() derives it from the gossip timing).
+    defer_s: float = 3.0
     track_gate_m: float = 2.0  # a fix joins this node's track of its class within this (widened the same way)
     track_timeout_s: float = 3.0  # a track with no fix for this long ends (its claim is kept for window_s)
     track_noise_m2_s: float = 0.25  # how far a tracked object may wander, m^2/s (the track filter's process noise)
@@ -93,12 +107,17 @@ class DedupConfig:
         for name in ("radius_m", "window_s", "track_gate_m", "track_timeout_s", "claim_refresh_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"dedup: {name} must be > 0, got {getattr(self, name)}")
-        for name in ("hold_s", "sigma_gate", "track_noise_m2_s", "claim_min_interval_s", "memory_slack_s"):
+        for name in ("hold_s", "defer_s", "sigma_gate", "track_noise_m2_s", "claim_min_interval_s", "memory_slack_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"dedup: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("min_hits", "max_tracks", "max_claims_per_node", "max_nodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"dedup: {name} must be >= 1, got {getattr(self, name)}")
+        if self.hold_s + self.defer_s >= self.window_s:
+            # a track is decided before its state could expire
+            raise ValueError(
+                f"dedup: hold_s + defer_s ({self.hold_s + self.defer_s:g}) must be < window_s ({self.window_s:g})"
+            )
         if self.peer_silence_s < 2 * self.claim_refresh_s:
             # a live peer refreshes its undecided claims every claim_refresh_s: one lost refresh is not death
             raise ValueError(
@@ -191,8 +210,10 @@ def _track_key(node: str, track: int) -> bytes:
 
 
 def owner_order(claim: Claim) -> tuple[int, str, int]:
-    """The total order that picks an object's owner (smallest first): best score, then node id, then track."""
-    return (-claim.score_pm, claim.node, claim.track)
+    """The total order that picks an object's leader (smallest first): earliest first seen, then node id, then
+    track. Earliest first: a leader's hold ends no later than its followers', so deferring to it costs them
+    at most the gossip's spread, and a later claim never takes an object over."""
+    return (claim.first_ms, claim.node, claim.track)
 
 
 def object_id(first: Claim) -> str:
@@ -235,33 +256,36 @@ class _ClaimIndex:
             cell = self.cells[c.key] = (c.label, math.floor(east / self.cell), math.floor(north / self.cell))
         return cell
 
-    def group(self, start: Claim) -> list[Claim]:
-        """Every claim connected to ``start`` by same_object (its object), in owner order."""
-        seen = {start.key: start}
-        todo = [start]
-        while todo:
-            c = todo.pop()
-            label, cx, cy = self._cell_of(c)
-            for dx in (-1, 0, 1):
-                for dy in (-1, 0, 1):
-                    for other in self.buckets.get((label, cx + dx, cy + dy), ()):
-                        if other.key not in seen and same_object(c, other, self.cfg):
-                            seen[other.key] = other
-                            todo.append(other)
-        return sorted(seen.values(), key=owner_order)
+    def near(self, claim: Claim) -> list[Claim]:
+        """The claims that ``same_object`` may match with ``claim`` (its class, its cell and the cells around)."""
+        label, cx, cy = self._cell_of(claim)
+        return [c for dx in (-1, 0, 1) for dy in (-1, 0, 1) for c in self.buckets.get((label, cx + dx, cy + dy), ())]
+
+    def matches(self, claim: Claim) -> list[Claim]:
+        """The other claims that may be the same object as ``claim``."""
+        return [c for c in self.near(claim) if c.key != claim.key and same_object(claim, c, self.cfg)]
+
+
+def leader_groups(claims: list[Claim], cfg: DedupConfig) -> dict[tuple[str, int], list[Claim]]:
+    """Each claim's group, leader first: a pure function of the claim set, whatever its order.
+
+    Claims are taken in ``owner_order``; a claim not yet grouped leads a group of the not yet grouped claims
+    that ``same_object`` matches with it. No chains: a group spans at most one gate around its leader.
+    """
+    index = _ClaimIndex(claims, cfg)
+    groups: dict[tuple[str, int], list[Claim]] = {}
+    for leader in sorted(claims, key=owner_order):
+        if leader.key in groups:
+            continue
+        members = [leader] + sorted((c for c in index.matches(leader) if c.key not in groups), key=owner_order)
+        for m in members:
+            groups[m.key] = members
+    return groups
 
 
 def group_owners(claims: list[Claim], cfg: DedupConfig) -> dict[tuple[str, int], tuple[str, int]]:
-    """Each claim's object owner (node, track): a pure function of the claim set, whatever its order."""
-    index = _ClaimIndex(claims, cfg)
-    owners: dict[tuple[str, int], tuple[str, int]] = {}
-    for c in claims:
-        if c.key in owners:
-            continue
-        members = index.group(c)
-        for m in members:
-            owners[m.key] = members[0].key
-    return owners
+    """Each claim's group leader (node, track), the node that reports the group."""
+    return {key: members[0].key for key, members in leader_groups(claims, cfg).items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,8 +365,8 @@ class _Track:
     last_fix: float  # monotonic
     score: float
     hits: int = 1
-    reported: bool = False
-    suppressed: bool = False  # reported by another node: this track stays quiet ...
+    reported: bool = False  # what its claim says: its object is known to be published (here or by a peer)
+    suppressed: bool = False  # covered by another node's report: this track stays quiet while ``cover`` matches ...
     memory_due: bool = False  # ... except to keep the swarm's memory of the report alive (Dedup._keeps_memory)
     checked_at: float = -math.inf  # when that was last checked
     end_checked: bool = False
@@ -350,6 +374,12 @@ class _Track:
     sent_at: float = -math.inf
     report_id: str | None = None  # the object this node reported for this track, and who had seen it then
     reported_nodes: frozenset[str] = frozenset()
+    published_at: float = -math.inf  # when that object was last handed to the driver (until it confirms)
+    cover: Claim | None = None  # the reported claim that matched this suppressed track when last checked
+    uncovered_at: float = -math.inf  # when its cover stopped matching: its deadline runs from then
+
+    def decided(self) -> bool:
+        return self.report_id is not None or self.suppressed
 
     def to_claim(self, node: str) -> Claim:
         first_ms = int(self.first_wall * 1000.0)
@@ -379,6 +409,10 @@ class DedupStats:
     objects_reported: int = 0
     object_updates: int = 0  # reported objects published again because more nodes saw them
     suppressed: int = 0  # this node's tracks left unreported because their object was reported
+    uncovered: int = 0  # suppressed tracks whose cover stopped matching them: decided again
+    deferred_reports: int = 0  # objects this node reported because their leader's report did not come in time
+    orphan_reports: int = 0  # tracks reported when they expired or were evicted before their decision
+    republished: int = 0  # objects handed to the driver again because it had not confirmed them
     claims_sent: int = 0
     claims_received: int = 0
     tracks_evicted: int = 0  # own tracks dropped at the cap before they expired
@@ -408,8 +442,13 @@ class Dedup:
         self._next_track = 0
         self._now = now
         self._changed = True  # claims or tracks changed since the last grouping
-        self._waiting: frozenset[tuple[int, bool]] = frozenset()  # own undecided tracks at the last grouping
+        self._waiting: frozenset[tuple[int, int]] = frozenset()  # own undecided tracks at the last grouping
         self._grouped_at = -math.inf
+        self._flushing = False
+        # Claims are one object within radius_m, not widened by their uncertainties: a fresh claim's wide gate
+        # must neither merge two people a few metres apart nor let one's report silence the other.
+        self._match_cfg = dataclasses.replace(self.cfg, sigma_gate=0.0)
+        self._orphans: list[FleetObject] = []  # tracks that expired or were evicted undecided: reported next tick
 
     # inputs
 
@@ -508,7 +547,7 @@ class Dedup:
         """A peer claims an object this node remembers as reported: remind it (it may be holding before it reports)."""
         for t in self._tracks.values():
             if t.reported and not t.memory_due and now - t.sent_at >= self.cfg.claim_min_interval_s:
-                if same_object(claim, t.to_claim(self.node_id), self.cfg):
+                if same_object(claim, t.to_claim(self.node_id), self._match_cfg):
                     t.memory_due = True
                     self.stats.reminders += 1
 
@@ -523,58 +562,95 @@ class Dedup:
         if self._peers.pop(node, None) is not None:
             self._changed = True
 
+    def published(self, object_id: str) -> None:
+        """The driver's sinks took the object ``tick`` returned under this id: its claims now say ``reported``.
+
+        Peers stay quiet about an object only on a claim that says so; until this call the object is
+        handed out again every ``claim_refresh_s``. An id this node does not know is ignored.
+        """
+        done = [t for t in self._tracks.values() if t.report_id == object_id and not t.reported]
+        for t in done:
+            t.reported = True
+        if done:
+            self._changed = True
+            self._queue_claims(done, self._now)  # peers learn it now, not at the next tick
+
     # outputs
 
     def tick(self, now: float, wall: float) -> list[FleetObject]:
-        """Expire old state, decide ownership of this node's undecided tracks; the objects to publish now."""
+        """Expire old state, decide this node's undecided tracks; the objects to publish now.
+
+        The driver calls ``published(obj.id)`` for each once its sinks took it.
+        """
         self._now = now
-        self._expire(now)
+        self._expire(now, wall)
         cfg = self.cfg
+        reports = self._orphans
+        self._orphans = []
+        self.stats.objects_reported += len(reports)
         own = {t.id: t for t in self._tracks.values() if t.hits >= cfg.min_hits}
-        undecided = [t for t in own.values() if not t.reported]
-        # Suppressed tracks still in sight whose object's reported memory may need extending (see _keeps_memory).
-        keepers = [t for t in own.values() if t.suppressed and not t.memory_due and self._memory_check_due(t, now)]
-        reports: list[FleetObject] = []
+        undecided = [t for t in own.values() if not t.decided()]
+        suppressed = [t for t in own.values() if t.suppressed]
         owned = [t for t in own.values() if t.report_id is not None]  # reported here: peers' claims may join it
-        state = frozenset((t.id, now - t.created >= cfg.hold_s) for t in undecided)
-        quiet = not self._changed and state == self._waiting and now - self._grouped_at < cfg.claim_min_interval_s
-        if not keepers and not (self._changed and owned) and (not undecided or quiet):
+        unconfirmed = [t for t in owned if not t.reported and now - t.published_at >= cfg.claim_refresh_s]
+        # Suppressed tracks still in sight whose object's reported memory may need extending (see _keeps_memory).
+        keepers = [t for t in suppressed if not t.memory_due and self._memory_check_due(t, now)]
+        state = frozenset((t.id, self._phase(t, now)) for t in undecided)
+        # Own positions move with every fix: covers of tracks in sight are checked again at most this often.
+        moving = now - self._grouped_at >= cfg.claim_min_interval_s and any(
+            t.last_fix > self._grouped_at for t in undecided + suppressed
+        )
+        if not (keepers or unconfirmed or self._flushing or self._changed or moving or state != self._waiting):
             self._queue_claims(own.values(), now)  # nothing new to group: the common case
             return reports
         self._changed = False
         self._grouped_at = now
         claims = [t.to_claim(self.node_id) for t in own.values()]
         claims.extend(h.claim for peer in self._peers.values() for h in peer.values())
-        index = _ClaimIndex(claims, cfg)
+        index = _ClaimIndex(claims, self._match_cfg)
         by_key = {c.key: c for c in claims}
-        for track in undecided:
-            if track.reported:  # decided above in this tick, with another track of its object
-                continue
-            members = index.group(by_key[(self.node_id, track.id)])
-            if any(c.reported for c in members):
-                track.reported = track.suppressed = True
-                self.stats.suppressed += 1
-                continue
-            if now - track.created < cfg.hold_s:
-                continue  # an object nobody reported yet: wait for competing claims
-            owner = members[0]
-            if owner.node != self.node_id:
-                continue  # a peer's claim comes first: that peer reports
-            obj = FleetObject.from_claims(members, self.node_id, wall)
-            reports.append(obj)
-            self.stats.objects_reported += 1
-            for c in members:
-                if c.node == self.node_id:
-                    mine = own[c.track]
-                    mine.reported = True
-                    mine.report_id, mine.reported_nodes = obj.id, frozenset(obj.seen_by)
+        for track in suppressed + undecided:
+            self._check_cover(track, by_key[(self.node_id, track.id)], index, by_key, now)
+        ready = [t for t in own.values() if not t.decided() and (self._flushing or now - t.created >= cfg.hold_s)]
+        if ready:
+            # Groups of what nobody reported yet (this node's own reports cover their tracks already).
+            open_claims = [t.to_claim(self.node_id) for t in own.values() if not t.decided()]
+            open_claims.extend(c for c in claims if c.node != self.node_id and not c.reported)
+            groups = leader_groups(open_claims, self._match_cfg)
+            for track in ready:
+                if track.decided():  # decided above in this tick, with another track of its object
+                    continue
+                members = groups[(self.node_id, track.id)]
+                if members[0].node != self.node_id:
+                    if not (self._flushing or now >= self._deadline(track)):
+                        continue  # a peer's claim leads: wait for its report
+                    self.stats.deferred_reports += 1  # no report came in time: at least once, so here
+                obj = FleetObject.from_claims(members, self.node_id, wall)
+                reports.append(obj)
+                self.stats.objects_reported += 1
+                for c in members:
+                    if c.node == self.node_id:
+                        mine = own[c.track]
+                        mine.report_id, mine.reported_nodes = obj.id, frozenset(obj.seen_by)
+                        mine.published_at = now
         updated: set[str] = set()
         for track in owned:
             report_id = track.report_id
             assert report_id is not None  # owned holds reported tracks only
             if report_id in updated:
                 continue  # another track of the same object
-            members = index.group(by_key[(self.node_id, track.id)])
+            claim = by_key[(self.node_id, track.id)]
+            members = [claim, *index.matches(claim)]
+            if not track.reported:
+                if track in unconfirmed:  # the driver has not confirmed it: hand it out again, same id
+                    updated.add(report_id)
+                    obj = FleetObject.from_claims(members, self.node_id, wall)
+                    reports.append(dataclasses.replace(obj, id=report_id))
+                    self.stats.republished += 1
+                    for t in owned:
+                        if t.report_id == report_id:
+                            t.published_at = now
+                continue
             nodes = frozenset(c.node for c in members)
             if nodes <= track.reported_nodes:
                 continue
@@ -585,12 +661,58 @@ class Dedup:
             reports.append(dataclasses.replace(obj, id=report_id, seen_by=seen, update=True))
             self.stats.object_updates += 1
         for track in keepers:
-            track.memory_due = self._keeps_memory(track, index.group(by_key[(self.node_id, track.id)]))
+            claim = by_key[(self.node_id, track.id)]
+            track.memory_due = track.suppressed and self._keeps_memory(track, [claim, *index.matches(claim)])
             track.checked_at = now
             track.end_checked = now - track.last_fix > cfg.track_timeout_s
-        self._waiting = frozenset((t.id, now - t.created >= cfg.hold_s) for t in undecided if not t.reported)
+        self._waiting = frozenset((t.id, self._phase(t, now)) for t in own.values() if not t.decided())
         self._queue_claims(own.values(), now)
         return reports
+
+    def _phase(self, t: _Track, now: float) -> int:
+        """Where an undecided track stands: holding, waiting for its leader's report, past its deadline."""
+        return 0 if now < t.created + self.cfg.hold_s else 1 if now < self._deadline(t) else 2
+
+    def _deadline(self, t: _Track) -> float:
+        """When this node reports an undecided track itself: ``defer_s`` after its hold, or after its cover ended."""
+        return max(t.created + self.cfg.hold_s, t.uncovered_at) + self.cfg.defer_s
+
+    def _covers(self, c: Claim, track: _Track) -> bool:
+        """Whether claim ``c`` says its object is published: a peer's ``reported``, or another track of this node
+        that reported it or was covered (this node's own claims are not in its peer table)."""
+        if c.node != self.node_id:
+            return c.reported
+        mine = self._tracks.get(c.track)
+        return mine is not None and mine is not track and (mine.report_id is not None or mine.reported)
+
+    def _check_cover(
+        self, track: _Track, claim: Claim, index: _ClaimIndex, by_key: dict[tuple[str, int], Claim], now: float
+    ) -> None:
+        """Suppress ``track`` while a published report matches it; decide it again when none does any more.
+
+        The cover is followed in its newest version while held; once expired, the copy kept here still says
+        where the published object was (so the swarm's memory outlasts the claims' expiry).
+        """
+        cover = None
+        if track.cover is not None:
+            held = by_key.get(track.cover.key)
+            if held is None or self._covers(held, track):
+                candidate = held or track.cover
+                if same_object(candidate, claim, self._match_cfg):
+                    cover = candidate
+        if cover is None:
+            cover = next((c for c in sorted(index.matches(claim), key=owner_order) if self._covers(c, track)), None)
+        if cover is not None:
+            if not track.suppressed:
+                track.suppressed = track.reported = True
+                self.stats.suppressed += 1
+            track.cover = cover
+        elif track.suppressed:
+            track.suppressed = track.reported = False
+            track.cover = None
+            track.uncovered_at = now
+            self.stats.uncovered += 1
+            self._changed = True
 
     def _memory_check_due(self, t: _Track, now: float) -> bool:
         if now - t.last_fix > self.cfg.track_timeout_s:
@@ -615,15 +737,13 @@ class Dedup:
         return track.last_wall * 1000.0 - newest > self.cfg.memory_slack_s * 1000.0
 
     def flush(self, now: float, wall: float) -> list[FleetObject]:
-        """Decide every held track at once (this node is leaving the swarm): what it owns is reported, not lost.
-
-        A peer's claim that comes first still wins: the tracks whose object a peer owns stay unreported.
-        """
-        hold = self.cfg.hold_s
-        for track in self._tracks.values():
-            track.created = min(track.created, now - hold)
-        self._changed = True
-        return self.tick(now, wall)
+        """Decide every held track at once (this node is leaving the swarm): what no known report covers is
+        reported here, whoever leads it (this node cannot wait for the leader's report any more)."""
+        self._flushing = True
+        try:
+            return self.tick(now, wall)
+        finally:
+            self._flushing = False
 
     def outgoing(self) -> list[tuple[bytes, bytes]]:
         """Claims to gossip: (key, payload) pairs for ``Membership.queue_broadcast``."""
@@ -633,16 +753,15 @@ class Dedup:
 
     def get_timer(self) -> float | None:
         """The next time ``tick`` has something to do besides the ticks that follow ``observe`` and
-        ``receive``: a hold ending, a claim refresh, an expiry; None when there is no state.
-
-        A track waiting for a peer to report its object has no deadline of its own: the peer's
-        claim (``receive``) or its expiry moves it on.
-        """
+        ``receive``: a hold or a deferral ending, a claim refresh, an unconfirmed report to hand out again,
+        an expiry; None when there is no state."""
         cfg = self.cfg
         times = []
         for t in self._tracks.values():
-            if not t.reported and t.hits >= cfg.min_hits:
-                times.append(t.created + cfg.hold_s)
+            if t.hits >= cfg.min_hits and not t.decided():
+                times += [t.created + cfg.hold_s, self._deadline(t)]
+            elif t.report_id is not None and not t.reported:
+                times.append(t.published_at + cfg.claim_refresh_s)
             if t.claim is not None:
                 times.append(t.sent_at + cfg.claim_refresh_s)
             times.append(t.last_fix + cfg.window_s)
@@ -671,9 +790,12 @@ class Dedup:
 
     def _start(self, fix: Observation, now: float, wall: float) -> None:
         if len(self._tracks) >= self.cfg.max_tracks:
-            evicted, _ = self._tracks.popitem(last=False)
-            self._outbox.pop(_track_key(self.node_id, evicted), None)
+            # The least recently seen decided track goes first; an undecided one is still decided (reported).
+            victim = next((t for t in self._tracks.values() if t.decided()), next(iter(self._tracks.values())))
+            del self._tracks[victim.id]
+            self._outbox.pop(_track_key(self.node_id, victim.id), None)
             self.stats.tracks_evicted += 1
+            self._orphan(victim, wall)
         track = _Track(
             id=self._next_track,
             label=fix.label,
@@ -736,10 +858,20 @@ class Dedup:
                 self._outbox[claim_key(claim)] = encode_claim(claim)
                 self.stats.claims_sent += 1
 
-    def _expire(self, now: float) -> None:
+    def _orphan(self, track: _Track, wall: float) -> None:
+        """A track leaves before its decision (evicted, expired): report it on the next tick, on its own."""
+        if track.decided() or track.hits < self.cfg.min_hits:
+            return
+        if len(self._orphans) >= self.cfg.max_tracks:
+            self.stats.drop("orphan_cap")  # a flood of undecided tracks between two ticks: bounded memory wins
+            return
+        self._orphans.append(FleetObject.from_claims([track.to_claim(self.node_id)], self.node_id, wall))
+        self.stats.orphan_reports += 1
+
+    def _expire(self, now: float, wall: float) -> None:
         window = self.cfg.window_s
         for tid in [tid for tid, t in self._tracks.items() if now - t.last_fix > window]:
-            del self._tracks[tid]
+            self._orphan(self._tracks.pop(tid), wall)
             self._changed = True
         for node in list(self._peers):
             claims = self._peers[node]

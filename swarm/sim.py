@@ -169,6 +169,7 @@ class SwarmSim:
             for obj in drone.dedup.tick(now, now):
                 if not obj.update:  # a later message about a reported object (who else saw it) is no report
                     drone.reports.append((now, obj))
+                drone.dedup.published(obj.id)  # the sim's sink takes every object at once
             for key, payload in drone.dedup.outgoing():
                 host.membership.queue_broadcast(key, payload)
             self.net.input(host, now + period, step)
@@ -308,17 +309,21 @@ class SwarmSim:
     def _dedup_figures(self) -> dict[str, Any]:
         cfg = self.cfg
         window = cfg.dedup.window_s
-        reports: dict[int, list[float]] = {}
+        radius = cfg.dedup.radius_m
+        # The at-least-once bound: a sighting is reported within this long (the hold, the deferral, one frame).
+        bound = cfg.dedup.hold_s + cfg.dedup.defer_s + 1.0 / cfg.frame_hz
+        reports: dict[int, list[float]] = {}  # by nearest target: what duplicates count
+        covering: dict[int, list[float]] = {}  # every report within radius_m of a target: what recall counts
         for drone in self.drones:
             for t, obj in drone.reports:
                 east, north, _ = self.frame.from_geodetic(obj.lat, obj.lon, obj.alt_m)
-                nearest = min(
-                    range(len(self.targets)),
-                    key=lambda i: math.hypot(self.targets[i][0] - east, self.targets[i][1] - north),
-                )
-                te, tn = self.targets[nearest]
-                if math.hypot(te - east, tn - north) <= cfg.dedup.radius_m:
+                near = [(math.hypot(te - east, tn - north), i) for i, (te, tn) in enumerate(self.targets)]
+                dist, nearest = min(near)
+                if dist <= radius:
                     reports.setdefault(nearest, []).append(t)
+                for d, i in near:
+                    if d <= radius:  # two people closer than the radius are one object to dedup
+                        covering.setdefault(i, []).append(t)
         multi = [t for t, sightings in self.first_seen.items() if len({n for _, n in sightings}) >= 2]
         # A report is a duplicate when the target was never out of sight for a whole window since the previous
         # report (so the dedup state of the earlier object was still alive somewhere).
@@ -330,24 +335,50 @@ class SwarmSim:
                 chain = [a] + [s for s in seen_times if a <= s <= b] + [b]
                 if all(y - x <= window for x, y in zip(chain, chain[1:])):
                     duplicates += 1
-        # An episode starts when a target is seen after going unseen for a window (dedup state has expired);
-        # its latency runs from that sighting to the first fleet report of the target.
+
+        def counts(seen_at: float, node: str) -> bool:
+            """A sighting by a node that lived for the bound after it, and not in the run's last bound."""
+            if seen_at + bound > cfg.seconds:
+                return False
+            return node != self.killed or self.killed_at is None or seen_at + bound <= self.killed_at
+
+        # An episode starts when a target is seen after going unseen for a window (dedup state has expired); a person
+        # within radius_m of another one is the same object to dedup, so their sightings make one episode. It counts
+        # once a node that lives on has seen this target in it; it is reported when a report within radius_m of the
+        # target comes after its start, and late when that comes more than the bound after the first counted
+        # sighting of the target.
         latencies: list[float] = []
-        missed = 0
-        for t, sightings in self.first_seen.items():
-            times = sorted(reports.get(t, []))
-            previous = -math.inf
-            for seen_at, _ in sightings:
-                if seen_at - previous > window:
-                    later = [r for r in times if r >= seen_at - 1e-9]
-                    if later and later[0] - seen_at <= window:
-                        latencies.append(later[0] - seen_at)
-                    else:
-                        missed += 1
-                previous = seen_at
-        recall = len(reports) / len(self.first_seen) if self.first_seen else None
+        missed = late = 0
+        detected: set[int] = set()
+        for t in self.first_seen:
+            times = sorted(covering.get(t, []))
+            same = [i for i in self.first_seen if math.dist(self.targets[i], self.targets[t]) <= radius]
+            merged = sorted((s, node, i == t) for i in same for s, node in self.first_seen[i])
+            episodes: list[list[tuple[float, str, bool]]] = []
+            for sighting in merged:
+                if not episodes or sighting[0] - episodes[-1][-1][0] > window:
+                    episodes.append([])
+                episodes[-1].append(sighting)
+            for episode in episodes:
+                start = episode[0][0]
+                counted = [s for s, node, this in episode if this and counts(s, node)]
+                later = [r for r in times if r >= start - 1e-9]
+                if not counted:
+                    continue
+                detected.add(t)
+                if later and later[0] - start <= window:
+                    latencies.append(later[0] - start)
+                if not later or later[0] > episode[-1][0] + bound + 1e-9:
+                    missed += 1
+                elif later[0] > counted[0] + bound + 1e-9:
+                    late += 1
+        found = [t for t in detected if covering.get(t)]
+        merged_only = [t for t in found if not reports.get(t)]
+        recall = len(found) / len(detected) if detected else None
+        stats = [d.dedup.stats for d in self.drones]
         return {
             "targets_seen": len(self.first_seen),
+            "targets_detected": len(detected),
             "targets_seen_by_2plus": len(multi),
             "fleet_reports": sum(len(v) for v in reports.values()),
             "duplicate_reports": duplicates,
@@ -355,7 +386,13 @@ class SwarmSim:
             "dedup_added_latency_s": round(statistics.median(latencies), 3) if latencies else None,
             "dedup_added_latency_max_s": round(max(latencies), 3) if latencies else None,
             "object_recall": None if recall is None else round(recall, 3),
+            "targets_merged": len(merged_only),
             "unreported_episodes": missed,
+            "late_episodes": late,
+            "report_bound_s": round(bound, 3),
+            "deferred_reports": sum(s.deferred_reports for s in stats),
+            "uncovered_tracks": sum(s.uncovered for s in stats),
+            "orphan_reports": sum(s.orphan_reports for s in stats),
         }
 
 
@@ -379,6 +416,7 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
     parser.add_argument("--no-drones", action="store_true", help="membership only, no targets and dedup")
     # 2.5 s: what an edgerun node runs with ([swarm] hold_s), not the library's decide-at-once 0
     parser.add_argument("--hold-s", type=float, default=2.5, help="dedup hold time (default 2.5, the node's)")
+    parser.add_argument("--defer-s", type=float, default=DedupConfig.defer_s, help="dedup deferral bound")
     parser.add_argument("--suspicion-mult", type=int, default=None, help="override SwarmTiming.suspicion_mult")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
@@ -407,7 +445,7 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
         starve=args.starve,
         drones=not args.no_drones,
         timing=timing,
-        dedup=DedupConfig(hold_s=args.hold_s),
+        dedup=DedupConfig(hold_s=args.hold_s, defer_s=args.defer_s),
     )
     return cfg, args.json
 

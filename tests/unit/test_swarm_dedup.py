@@ -50,6 +50,14 @@ def east_north(obj: FleetObject) -> tuple[float, float]:
     return ground_offset_m(LAT0, LON0, obj.lat, obj.lon)
 
 
+def decide(node: Dedup, now: float) -> list[FleetObject]:
+    """A driver's tick: the objects to publish, each confirmed to dedup (``published``) as its sink takes it."""
+    objects = node.tick(now, WALL0 + now)
+    for obj in objects:
+        node.published(obj.id)
+    return objects
+
+
 def exchange(*nodes: Dedup, now: float) -> None:
     """Deliver every node's queued claims to every other node (gossip without loss)."""
     batches = [(n, n.outgoing()) for n in nodes]
@@ -193,7 +201,8 @@ def test_fleet_payload_matches_schema() -> None:
     payload = obj.to_payload()
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     jsonschema.validate(payload, SCHEMA)
-    assert payload["owner"] == "drone-b" and payload["seen_by"] == ["drone-a", "drone-b"]
+    # a saw it first: a leads and reports; b waits for a's report
+    assert payload["owner"] == "drone-a" and payload["seen_by"] == ["drone-a", "drone-b"]
     assert east_north(obj) == pytest.approx((5.5, 5.0), abs=0.01) and payload["alt_m"] == ALT0
     assert payload["score"] == 0.9 and payload["first_seen"] == WALL0
     assert json.loads(json.dumps(payload)) == payload
@@ -206,22 +215,23 @@ def test_fleet_payload_matches_schema() -> None:
         raise AssertionError("score above 1 accepted by the schema")
 
 
-def test_hold_time_waits_for_peers_and_the_best_claim_reports() -> None:
+def test_hold_time_waits_for_peers_and_the_earliest_claim_reports() -> None:
     cfg = DedupConfig(hold_s=0.6)
     nodes = [Dedup(n, cfg, now=0.0) for n in ("a", "b", "c")]
-    scores = {"a": 0.7, "b": 0.95, "c": 0.8}
+    scores = {"a": 0.7, "b": 0.6, "c": 0.95}
     reports: dict[str, list[FleetObject]] = {n.node_id: [] for n in nodes}
     for step in range(20):
         t = step * 0.1
         for n in nodes:
-            n.observe([face(12.0 + 0.3 * "abc".index(n.node_id), 7.0, score=scores[n.node_id])], t, WALL0 + t)
-            reports[n.node_id] += n.tick(t, WALL0 + t)
+            if n.node_id == "b" or step >= 1:  # b sees it first; a and c a frame later, with better scores
+                n.observe([face(12.0 + 0.3 * "abc".index(n.node_id), 7.0, score=scores[n.node_id])], t, WALL0 + t)
+            reports[n.node_id] += decide(n, t)
         if step == 2:  # claims arrive within the hold
             exchange(*nodes, now=t)
         assert all(not r for r in reports.values()) or t >= 0.6
     assert [len(reports[n]) for n in "abc"] == [0, 1, 0]
-    assert reports["b"][0].seen_by == ("a", "b", "c")
-    # The others learn it was reported from b's claim and go quiet: no more gossip for their copies.
+    assert reports["b"][0].seen_by == ("a", "b", "c") and reports["b"][0].score == 0.95
+    # The others learn it was published from b's claim and go quiet: no more gossip for their copies.
     exchange(*nodes, now=2.0)
     for n in nodes:
         n.tick(2.1, WALL0 + 2.1)
@@ -234,13 +244,30 @@ def test_hold_time_waits_for_peers_and_the_best_claim_reports() -> None:
     assert {c.reported for n in nodes for c in n.held_claims() if c.node == "b"} == {True}
 
 
+def test_a_claim_says_reported_only_once_the_driver_confirmed_the_publication() -> None:
+    cfg = DedupConfig(hold_s=0.0, claim_refresh_s=5.0, peer_silence_s=10.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(3.0, 3.0)], 0.0, WALL0)
+    (obj,) = a.tick(0.0, WALL0)
+    exchange(a, b, now=0.1)
+    assert {c.reported for c in b.held_claims()} == {False}  # handed to the sinks, not yet published
+    assert a.tick(4.9, WALL0 + 4.9) == [] and a.get_timer() == 5.0
+    (again,) = a.tick(5.0, WALL0 + 5.0)  # not confirmed: handed out again, same id
+    assert again.id == obj.id and not again.update and a.stats.republished == 1
+    a.published(obj.id)
+    exchange(a, b, now=5.1)
+    assert {c.reported for c in b.held_claims()} == {True}
+    assert a.tick(20.0, WALL0 + 20.0) == [] and a.stats.objects_reported == 1
+    a.published("no-such-object")  # ignored
+
+
 def test_hold_zero_reports_at_once_and_suppresses_later_duplicates() -> None:
     a, b = Dedup("a", now=0.0), Dedup("b", now=0.0)
     a.observe([face(3.0, 3.0, score=0.6)], 0.0, WALL0)
-    first = a.tick(0.0, WALL0)
+    first = decide(a, 0.0)
     assert len(first) == 1 and first[0].owner == "a"
     exchange(a, b, now=0.1)
-    # b sees it later with a better score: it would come first in the order, but the object is reported.
+    # b sees it later with a better score: a's claim says it is published, so b stays quiet.
     b.observe([face(4.0, 3.5, score=0.99)], 5.0, WALL0 + 5.0)
     assert b.tick(5.0, WALL0 + 5.0) == []
     assert b.stats.suppressed == 1 and b.stats.objects_reported == 0
@@ -250,7 +277,7 @@ def test_the_owner_publishes_again_when_more_drones_have_seen_its_object() -> No
     cfg = DedupConfig(share_sightings=True)
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     a.observe([face(3.0, 3.0, score=0.9)], 0.0, WALL0)
-    (first,) = a.tick(0.0, WALL0)
+    (first,) = decide(a, 0.0)
     assert first.seen_by == ("a",) and not first.update
     exchange(a, b, now=0.1)
     b.observe([face(3.3, 3.0, score=0.7)], 2.0, WALL0 + 2.0)  # b flies over it later: its copy is suppressed
@@ -272,32 +299,42 @@ def test_the_owner_publishes_again_when_more_drones_have_seen_its_object() -> No
     assert quiet.tick(4.0, WALL0 + 4.0) == [] and quiet.outgoing() == []
 
 
-def test_flush_reports_held_objects_this_node_owns_and_leaves_a_peers_to_it() -> None:
-    a, b = Dedup("a", DedupConfig(hold_s=10.0), now=0.0), Dedup("b", DedupConfig(hold_s=10.0), now=0.0)
-    a.observe([face(3.0, 3.0, score=0.6)], 0.0, WALL0)  # b's better claim of this one comes first
-    a.observe([face(20.0, 3.0, score=0.6)], 0.0, WALL0)  # only a has seen this one
-    b.observe([face(3.2, 3.0, score=0.9)], 0.0, WALL0)
-    assert a.tick(0.0, WALL0) == [] and b.tick(0.0, WALL0) == []  # held; their claims are queued
-    exchange(a, b, now=0.1)
+def test_flush_reports_every_held_object_no_known_report_covers() -> None:
+    cfg = DedupConfig(hold_s=10.0, window_s=60.0)
+    a, b, c = (Dedup(n, cfg, now=0.0) for n in "abc")
+    b.observe([face(3.2, 3.0, score=0.9)], 0.0, WALL0)  # b saw this one first: b leads it
+    a.observe([face(3.0, 3.0, score=0.6), face(20.0, 3.0, score=0.6)], 0.5, WALL0 + 0.5)  # 20 m: only a saw it
+    assert a.tick(0.5, WALL0 + 0.5) == [] and b.tick(0.5, WALL0 + 0.5) == []  # held; their claims are queued
+    exchange(a, b, now=0.6)
     assert a.tick(1.0, WALL0 + 1.0) == []
+    # a leaves before b's hold ends: it cannot wait for b's report, so it reports both (at least once).
     reported = a.flush(1.0, WALL0 + 1.0)
-    assert [(round(east_north(o)[0], 2), o.owner) for o in reported] == [(20.0, "a")]
+    assert sorted((round(east_north(o)[0]), o.owner) for o in reported) == [(3, "a"), (20, "a")]
+    assert a.stats.deferred_reports == 1
+    for obj in reported:
+        a.published(obj.id)
     assert a.flush(1.1, WALL0 + 1.1) == []  # once
+    # c has seen the first one too, and holds a's published claim of it: leaving, it reports nothing.
+    exchange(a, c, now=1.2)
+    c.observe([face(3.1, 3.0)], 1.5, WALL0 + 1.5)
+    assert c.flush(1.5, WALL0 + 1.5) == [] and c.stats.suppressed == 1
 
 
 def test_outside_the_radius_or_the_window_is_another_object() -> None:
     cfg = DedupConfig(radius_m=5.0, sigma_gate=2.0, window_s=30.0)
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
-    a.observe([face(0.0, 0.0, sigma=0.5)], 0.0, WALL0)
-    assert len(a.tick(0.0, WALL0)) == 1
+    a.observe([face(0.0, 0.0, sigma=1.5)], 0.0, WALL0)
+    assert len(decide(a, 0.0)) == 1
     exchange(a, b, now=0.0)
-    b.observe([face(6.0, 0.0, sigma=0.5)], 1.0, WALL0 + 1.0)  # 6 m: within 5 + 2 * hypot(0.5, 0.5) = 6.41 m
-    assert b.tick(1.0, WALL0 + 1.0) == []
-    b.observe([face(0.0, 8.0, sigma=0.5)], 1.1, WALL0 + 1.1)  # 8 m: beyond the widened radius
-    assert len(b.tick(1.1, WALL0 + 1.1)) == 1
+    b.observe([face(4.5, 0.0, sigma=1.5)], 1.0, WALL0 + 1.0)  # 4.5 m: within radius_m, one object
+    assert decide(b, 1.0) == [] and b.stats.suppressed == 1
+    # 6 m: beyond radius_m. Uncertainties do not widen it (they would to 5 + 2 * hypot(1.5, 1.5) = 9.2 m):
+    # a fresh fix's wide gate must not silence a person a few metres from the one reported.
+    b.observe([face(0.0, 6.0, sigma=1.5)], 1.1, WALL0 + 1.1)
+    assert len(decide(b, 1.1)) == 1
     # The same spot 40 s after a's last sighting (window 30 s): a new object.
     b.observe([face(0.0, 0.0, sigma=0.5)], 40.0, WALL0 + 40.0)
-    assert len(b.tick(40.0, WALL0 + 40.0)) == 1
+    assert len(decide(b, 40.0)) == 1
 
 
 def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
@@ -309,7 +346,7 @@ def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
         t = step * 0.2
         for n in west + east:
             n.observe([face(20.0 + 0.2 * (step % 3), 30.0, score=0.5 + 0.1 * "abc".index(n.node_id))], t, WALL0 + t)
-            counts[n.node_id] += len([o for o in n.tick(t, WALL0 + t) if not o.update])
+            counts[n.node_id] += len([o for o in decide(n, t) if not o.update])
         exchange(*west, now=t)  # the partition: c hears nobody
         exchange(*east, now=t)
     assert sum(counts[n] for n in "ab") == 1 and counts["c"] == 1  # one report per side
@@ -317,7 +354,7 @@ def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
         t = step * 0.2
         for n in west + east:
             n.observe([face(20.0, 30.0, score=0.9)], t, WALL0 + t)
-            counts[n.node_id] += len([o for o in n.tick(t, WALL0 + t) if not o.update])
+            counts[n.node_id] += len([o for o in decide(n, t) if not o.update])
         exchange(*west, *east, now=t)
     assert sum(counts.values()) == 2
     # A fresh drone joins after the heal: the others resend their claims on its join event; it stays quiet.
@@ -327,10 +364,10 @@ def test_partition_each_side_reports_then_heal_reports_nothing_again() -> None:
     for step in range(100, 200):
         t = step * 0.2
         for n in west + east:
-            n.tick(t, WALL0 + t)
+            decide(n, t)
         exchange(*west, *east, late, now=t)
         late.observe([face(20.5, 30.0, score=1.0)], t, WALL0 + t)
-        counts["d"] = counts.get("d", 0) + len(late.tick(t, WALL0 + t))
+        counts["d"] = counts.get("d", 0) + len(decide(late, t))
     assert counts["d"] == 0 and late.stats.suppressed == 1
 
 
@@ -341,13 +378,13 @@ def test_a_dead_owner_hands_over_when_its_claims_are_forgotten() -> None:
     b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
     assert a.tick(0.0, WALL0) == [] and b.tick(0.0, WALL0) == []  # holding; their claims go out
     exchange(a, b, now=0.1)
-    assert b.tick(1.0, WALL0 + 1.0) == []  # a comes first in the order
+    assert b.tick(1.0, WALL0 + 1.0) == []  # a comes first in the order (same first sighting, then node id)
     b.forget_node("a")  # a died before reporting (the membership's dead event)
     assert [o.owner for o in b.tick(1.1, WALL0 + 1.1)] == ["b"]
 
 
-def test_a_silent_owner_hands_over_after_peer_silence() -> None:
-    cfg = DedupConfig(hold_s=0.5, claim_refresh_s=5.0, peer_silence_s=15.0, window_s=60.0)
+def test_a_silent_leader_is_replaced_after_the_deferral() -> None:
+    cfg = DedupConfig(hold_s=0.5, defer_s=3.0, claim_refresh_s=5.0, peer_silence_s=15.0, window_s=60.0)
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
     b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
@@ -355,12 +392,34 @@ def test_a_silent_owner_hands_over_after_peer_silence() -> None:
     b.tick(0.0, WALL0)
     exchange(a, b, now=0.0)
     reported = []
-    for step in range(1, 200):  # a falls silent; b keeps seeing the object now and then
+    for step in range(1, 200):  # a leads, then falls silent (dead, cut off, or it never reports)
         t = step * 0.1
         if step % 10 == 0:
             b.observe([face(1.0, 1.0, score=0.5)], t, WALL0 + t)
-        reported += [(t, o.owner) for o in b.tick(t, WALL0 + t)]
-    assert len(reported) == 1 and reported[0][1] == "b" and 15.0 < reported[0][0] <= 15.2
+        reported += [(t, o.owner) for o in decide(b, t)]
+    # b reports it itself when its hold plus the deferral has passed without a's report, and only once.
+    assert [owner for _, owner in reported] == ["b"] and 3.5 <= reported[0][0] < 3.6
+    assert b.stats.deferred_reports == 1
+
+
+def test_a_cover_that_stops_matching_gives_the_decision_back() -> None:
+    cfg = DedupConfig(hold_s=1.0, defer_s=2.0, radius_m=3.0, window_s=60.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(0.0, 0.0, sigma=0.3)], 0.0, WALL0)
+    assert decide(a, 1.0) != []
+    exchange(a, b, now=1.1)
+    # b's first fix of another person 4 m away lands 2.5 m from a's report: covered, for now ...
+    b.observe([face(2.5, 0.0, sigma=1.5)], 2.0, WALL0 + 2.0)
+    assert decide(b, 2.0) == [] and b.stats.suppressed == 1
+    reports = []
+    for step in range(1, 40):  # ... until its fixes settle at 4 m: then it is decided again, and reported
+        t = 2.0 + 0.25 * step
+        b.observe([face(4.0, 0.0, sigma=0.3)], t, WALL0 + t)
+        reports += [(t, o) for o in decide(b, t)]
+    assert b.stats.uncovered == 1 and len(reports) == 1
+    t, obj = reports[0]
+    # b leads it (a's claim is published, so not in the running): reported at its hold's end or at once after
+    assert obj.owner == "b" and east_north(obj)[0] > 3.0 and t <= max(2.0 + cfg.hold_s, b._tracks[0].uncovered_at) + 0.25
 
 
 def test_state_expires_after_the_window() -> None:
@@ -407,8 +466,8 @@ def test_memory_is_bounded_under_a_flood() -> None:
     assert len(node.outgoing()) <= 50
 
 
-def test_timer_names_the_hold_deadline_and_never_the_past_while_waiting_for_a_peer() -> None:
-    cfg = DedupConfig(hold_s=2.0, claim_refresh_s=15.0, window_s=60.0)
+def test_timer_names_the_hold_and_the_deferral_deadlines_and_never_the_past() -> None:
+    cfg = DedupConfig(hold_s=2.0, defer_s=3.0, claim_refresh_s=15.0, window_s=60.0)
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     b.observe([face(1.0, 1.0, score=0.5)], 0.0, WALL0)
     b.tick(0.0, WALL0)
@@ -416,10 +475,12 @@ def test_timer_names_the_hold_deadline_and_never_the_past_while_waiting_for_a_pe
     a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
     a.tick(0.0, WALL0)
     exchange(a, b, now=0.0)
-    assert b.tick(2.0, WALL0 + 2.0) == []  # a comes first: b waits for a's report
-    timer = b.get_timer()
-    assert timer is not None and timer > 2.0  # the next refresh, not a deadline already passed
-    assert timer == 15.0
+    assert b.tick(2.0, WALL0 + 2.0) == []  # a comes first: b waits for a's report ...
+    assert b.get_timer() == 5.0  # ... until its deferral deadline
+    decide(a, 2.0)
+    exchange(a, b, now=2.1)
+    assert b.tick(2.2, WALL0 + 2.2) == [] and b.stats.suppressed == 1
+    assert b.get_timer() == 15.0  # the next refresh, not a deadline already passed
 
 
 def test_fixes_that_are_not_numbers_are_dropped() -> None:
@@ -441,7 +502,7 @@ def test_memory_of_a_report_outlives_its_owner_while_others_still_see_the_object
     cfg = DedupConfig(window_s=60.0, memory_slack_s=30.0, claim_refresh_s=15.0, hold_s=0.0)
     owner, keeper, late = (Dedup(n, cfg, now=0.0) for n in ("a", "b", "c"))
     owner.observe([face(5.0, 5.0)], 0.0, WALL0)
-    assert len(owner.tick(0.0, WALL0)) == 1
+    assert len(decide(owner, 0.0)) == 1
     owner_claims = owner.outgoing()
     for _, payload in owner_claims:
         keeper.receive(payload, 0.0)
@@ -473,7 +534,7 @@ def test_a_holding_newcomer_is_reminded_of_a_report() -> None:
     cfg = DedupConfig(window_s=60.0, hold_s=1.5, peer_silence_s=45.0)
     old, new = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
     old.observe([face(5.0, 5.0)], 0.0, WALL0)
-    assert old.tick(0.0, WALL0) == [] and len(old.tick(1.5, WALL0 + 1.5)) == 1
+    assert old.tick(0.0, WALL0) == [] and len(decide(old, 1.5)) == 1
     old.outgoing()  # that gossip never reached b (b joined later)
     new.observe([face(5.3, 5.0)], 30.0, WALL0 + 30.0)
     assert new.tick(30.0, WALL0 + 30.0) == []  # holding; its claim goes out
@@ -516,13 +577,17 @@ def test_any_input_sequence_keeps_the_invariants(ops: list) -> None:
         for obj in node.tick(now, WALL0 + now):
             jsonschema.validate(obj.to_payload(), SCHEMA)
             assert obj.owner == "me"
+            node.published(obj.id)
         for key, payload in node.outgoing():
             assert len(payload) <= cfg.max_payload_bytes and len(key) == 5
-        mine = {t.id for t in node._tracks.values() if t.reported and not t.suppressed}
-        reported_tracks |= mine
+        reported_tracks |= {t.id for t in node._tracks.values() if t.report_id is not None}
         assert node.tracks <= 8 and len(node._peers) <= 2 and all(len(p) <= 3 for p in node._peers.values())
-    # Every report marks at least one track of this node reported, and a reported track never reports again.
-    assert node.stats.objects_reported <= len(reported_tracks)
+        # Every track past its deferral deadline is decided: reported here, or covered by a published report.
+        for t in node._tracks.values():
+            assert t.hits < cfg.min_hits or t.decided() or now < node._deadline(t)
+    # Every report marks at least one track of this node reported, and a reported track never reports again
+    # (a track that left undecided, evicted or expired, is reported on its own).
+    assert node.stats.objects_reported <= len(reported_tracks) + node.stats.orphan_reports
 
 
 def test_config_is_checked() -> None:
