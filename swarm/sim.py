@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.config import SwarmTiming
-from swarm.dedup import Dedup, DedupConfig, FleetObject, Observation
+from swarm.dedup import Dedup, DedupConfig, FleetObject, Observation, deferral_s
 from swarm.geo import DEFAULT_ANCHOR, LocalFrame
 from swarm.membership import MemberEvent, Membership, MemberState, UserBroadcast
 from swarm.memnet import Host, MemNet, Starvation
@@ -416,7 +416,12 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
     parser.add_argument("--no-drones", action="store_true", help="membership only, no targets and dedup")
     # 2.5 s: what an edgerun node runs with ([swarm] hold_s), not the library's decide-at-once 0
     parser.add_argument("--hold-s", type=float, default=2.5, help="dedup hold time (default 2.5, the node's)")
-    parser.add_argument("--defer-s", type=float, default=DedupConfig.defer_s, help="dedup deferral bound")
+    parser.add_argument(
+        "--defer-s",
+        type=float,
+        default=None,
+        help="dedup deferral (default: swarm.dedup.deferral_s of the timing, the nodes and the 2 Hz frame tick)",
+    )
     parser.add_argument("--suspicion-mult", type=int, default=None, help="override SwarmTiming.suspicion_mult")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
@@ -432,6 +437,8 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
     if args.suspicion_mult is not None:
         timing = replace(timing, suspicion_mult=args.suspicion_mult)
     kill_at = args.seconds / 3 if args.kill_at is None else (args.kill_at or None)
+    # drones tick dedup once a frame
+    defer_s = deferral_s(timing, args.nodes, 1.0 / SimConfig.frame_hz) if args.defer_s is None else args.defer_s
     cfg = SimConfig(
         nodes=args.nodes,
         loss=args.loss,
@@ -445,7 +452,7 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
         starve=args.starve,
         drones=not args.no_drones,
         timing=timing,
-        dedup=DedupConfig(hold_s=args.hold_s, defer_s=args.defer_s),
+        dedup=DedupConfig(hold_s=args.hold_s, defer_s=defer_s),
     )
     return cfg, args.json
 

@@ -419,7 +419,8 @@ def test_a_cover_that_stops_matching_gives_the_decision_back() -> None:
     assert b.stats.uncovered == 1 and len(reports) == 1
     t, obj = reports[0]
     # b leads it (a's claim is published, so not in the running): reported at its hold's end or at once after
-    assert obj.owner == "b" and east_north(obj)[0] > 3.0 and t <= max(2.0 + cfg.hold_s, b._tracks[0].uncovered_at) + 0.25
+    assert obj.owner == "b" and east_north(obj)[0] > 3.0
+    assert t <= max(2.0 + cfg.hold_s, b._tracks[0].uncovered_at) + 0.25
 
 
 def test_state_expires_after_the_window() -> None:
@@ -601,3 +602,28 @@ def test_config_is_checked() -> None:
         DedupConfig(peer_silence_s=20)
     with pytest.raises(ValueError, match=r"^dedup: node id must be 1-64 characters, got 0"):
         Dedup("", now=0.0)
+
+
+def test_a_track_that_leaves_before_its_decision_is_still_reported() -> None:
+    cfg = DedupConfig(hold_s=5.0, window_s=10.0, max_tracks=2)
+    node = Dedup("a", cfg, now=0.0)
+    node.observe([face(0.0, 0.0), face(30.0, 0.0)], 0.0, WALL0)
+    node.observe([face(60.0, 0.0)], 0.5, WALL0 + 0.5)  # the table is full of undecided tracks: the oldest goes ...
+    assert node.stats.tracks_evicted == 1
+    evicted = node.tick(0.5, WALL0 + 0.5)  # ... and is reported on its own, long before its hold would end
+    assert [round(east_north(o)[0]) for o in evicted] == [0] and node.stats.orphan_reports == 1
+    # A driver that stalls past the window: the held tracks expire undecided, and are reported all the same.
+    late = node.tick(30.0, WALL0 + 30.0)
+    assert sorted(round(east_north(o)[0]) for o in late) == [30, 60] and node.tracks == 0
+    assert node.stats.objects_reported == 3
+
+
+def test_eviction_takes_a_decided_track_first() -> None:
+    cfg = DedupConfig(hold_s=0.0, max_tracks=2)
+    node = Dedup("a", cfg, now=0.0)
+    node.observe([face(0.0, 0.0)], 0.0, WALL0)
+    assert len(decide(node, 0.0)) == 1
+    node.observe([face(30.0, 0.0)], 1.0, WALL0 + 1.0)  # undecided (no tick yet), and more recently seen
+    node.observe([face(60.0, 0.0)], 1.1, WALL0 + 1.1)  # full: the reported track goes, not the undecided one
+    assert node.stats.tracks_evicted == 1 and node.stats.orphan_reports == 0
+    assert sorted(round(east_north(o)[0]) for o in decide(node, 1.2)) == [30, 60]
