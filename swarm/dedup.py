@@ -75,9 +75,11 @@ CLAIM_TAG = 1  # first element of every claim payload (other app gossip uses oth
 
 @dataclass(frozen=True)
 class DedupConfig:
-    radius_m: float = 5.0  # two claims of one class closer than this are one object ...
-    sigma_gate: float = 2.0  # ... widened by this many of their combined uncertainties ...
-    max_gate_m: float = 25.0  # ... up to this distance
+    # Two claims of one class closer than this are one object. Not widened by their uncertainties: a fresh
+    # fix's wide gate must neither merge two people a few metres apart nor let one's report silence the other.
+    radius_m: float = 5.0
+    sigma_gate: float = 2.0  # a fix joins a track within track_gate_m widened by this many of their uncertainties,
+    max_gate_m: float = 25.0  # up to this distance
     window_s: float = 60.0  # seen within this long of each other; also how long state is kept
     hold_s: float = 0.0  # wait this long after a track's first fix for peers' claims; 0: decide at once
     # A track whose object a peer leads is reported by this node when no claim says the object was published
@@ -237,26 +239,25 @@ def object_id(first: Claim) -> str:
 
 
 def same_object(a: Claim, b: Claim, cfg: DedupConfig) -> bool:
-    """Whether two claims describe one object: class, distance (radius widened by uncertainty) and time."""
+    """Whether two claims describe one object: class, distance (within ``radius_m``) and time."""
     if a.label != b.label:
         return False
     window_ms = cfg.window_s * 1000.0
     if a.first_ms - window_ms > b.last_ms or b.first_ms - window_ms > a.last_ms:
         return False
-    gate = min(cfg.radius_m + cfg.sigma_gate * math.hypot(a.sigma_m, b.sigma_m), max(cfg.radius_m, cfg.max_gate_m))
-    return math.hypot(*ground_offset_m(a.lat, a.lon, b.lat, b.lon)) <= gate
+    return math.hypot(*ground_offset_m(a.lat, a.lon, b.lat, b.lon)) <= cfg.radius_m
 
 
 class _ClaimIndex:
     """Claims bucketed by class and ground cell, for finding the group of one claim without comparing all pairs.
 
-    Cells are squares of a plane at the first claim; they are a quarter larger than the widest gate, so the
+    Cells are squares of a plane at the first claim; they are a quarter larger than the gate, so the
     plane's distortion far from that claim cannot push two claims within a gate more than one cell apart.
     """
 
     def __init__(self, claims: list[Claim], cfg: DedupConfig) -> None:
         self.cfg = cfg
-        self.cell = 1.25 * max(cfg.radius_m, cfg.max_gate_m)
+        self.cell = 1.25 * cfg.radius_m
         self.origin = (claims[0].lat, claims[0].lon) if claims else (0.0, 0.0)
         self.cells: dict[tuple[str, int], tuple[str, int, int]] = {}
         self.buckets: dict[tuple[str, int, int], list[Claim]] = {}
@@ -284,7 +285,7 @@ def leader_groups(claims: list[Claim], cfg: DedupConfig) -> dict[tuple[str, int]
     """Each claim's group, leader first: a pure function of the claim set, whatever its order.
 
     Claims are taken in ``owner_order``; a claim not yet grouped leads a group of the not yet grouped claims
-    that ``same_object`` matches with it. No chains: a group spans at most one gate around its leader.
+    that ``same_object`` matches with it. No chains: a group spans at most ``radius_m`` around its leader.
     """
     index = _ClaimIndex(claims, cfg)
     groups: dict[tuple[str, int], list[Claim]] = {}
@@ -459,9 +460,6 @@ class Dedup:
         self._waiting: frozenset[tuple[int, int]] = frozenset()  # own undecided tracks at the last grouping
         self._grouped_at = -math.inf
         self._flushing = False
-        # Claims are one object within radius_m, not widened by their uncertainties: a fresh claim's wide gate
-        # must neither merge two people a few metres apart nor let one's report silence the other.
-        self._match_cfg = dataclasses.replace(self.cfg, sigma_gate=0.0)
         self._orphans: list[FleetObject] = []  # tracks that expired or were evicted undecided: reported next tick
 
     # inputs
@@ -561,7 +559,7 @@ class Dedup:
         """A peer claims an object this node remembers as reported: remind it (it may be holding before it reports)."""
         for t in self._tracks.values():
             if t.reported and not t.memory_due and now - t.sent_at >= self.cfg.claim_min_interval_s:
-                if same_object(claim, t.to_claim(self.node_id), self._match_cfg):
+                if same_object(claim, t.to_claim(self.node_id), self.cfg):
                     t.memory_due = True
                     self.stats.reminders += 1
 
@@ -621,7 +619,7 @@ class Dedup:
         self._grouped_at = now
         claims = [t.to_claim(self.node_id) for t in own.values()]
         claims.extend(h.claim for peer in self._peers.values() for h in peer.values())
-        index = _ClaimIndex(claims, self._match_cfg)
+        index = _ClaimIndex(claims, cfg)
         by_key = {c.key: c for c in claims}
         for track in suppressed + undecided:
             self._check_cover(track, by_key[(self.node_id, track.id)], index, by_key, now)
@@ -630,7 +628,7 @@ class Dedup:
             # Groups of what nobody reported yet (this node's own reports cover their tracks already).
             open_claims = [t.to_claim(self.node_id) for t in own.values() if not t.decided()]
             open_claims.extend(c for c in claims if c.node != self.node_id and not c.reported)
-            groups = leader_groups(open_claims, self._match_cfg)
+            groups = leader_groups(open_claims, cfg)
             for track in ready:
                 if track.decided():  # decided above in this tick, with another track of its object
                     continue
@@ -712,7 +710,7 @@ class Dedup:
             held = by_key.get(track.cover.key)
             if held is None or self._covers(held, track):
                 candidate = held or track.cover
-                if same_object(candidate, claim, self._match_cfg):
+                if same_object(candidate, claim, self.cfg):
                     cover = candidate
         if cover is None:
             cover = next((c for c in sorted(index.matches(claim), key=owner_order) if self._covers(c, track)), None)
