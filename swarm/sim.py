@@ -14,7 +14,17 @@ partition and the minute after its heal; those are ``partition_deaths`` across t
 ``bytes_per_node_s`` (datagrams and streams sent), ``duplicate_ratio`` (fleet reports of a ground target
 while the object of an earlier report was still within the dedup window, i.e. the target never went unseen for
 a whole window in between, over targets seen by two or more drones), ``dedup_added_latency_s``
-(median time from a target's first sighting by any drone to its first fleet report).
+(median time from a target's first sighting by any drone to its first fleet report), ``object_recall``
+(targets with a fleet report within ``radius_m`` of them, of the targets detected by a drone that lived on:
+two people closer than ``radius_m`` are one object to dedup), ``unreported_episodes`` (a target seen after a
+window unseen, by a drone that lived on, with no report within ``radius_m`` by the end of the episode plus
+the bound), ``late_episodes`` (reported, but later than the bound after that drone's first sighting; the
+bound, ``report_bound_s``, is ``hold_s + defer_s`` plus a frame), ``targets_merged`` (found only through a
+report nearer another target), ``deferred_reports`` (reports a drone made because its leader's did not come).
+Sightings in the run's last bound do not count.
+
+``--seeds 1-20 [--jobs 2] --json OUT`` runs a sweep and writes every run and a summary against the issue's
+targets (``summarize``).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import random
 import statistics
 import sys
@@ -396,12 +407,62 @@ class SwarmSim:
         }
 
 
-def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of a sweep over seeds, against the issue's targets (#21): recall 1.0 of detected targets and
+    no unreported episode on every seed, duplicate ratio <= 2 % on average and <= 5 % on every seed, <= 1 KB/s
+    per node (membership + claims)."""
+    dedup = [r for r in runs if r.get("object_recall") is not None]
+    ratios = [r["duplicate_ratio"] or 0.0 for r in dedup]
+    summary: dict[str, Any] = {
+        "seeds": [r["seed"] for r in runs],
+        "bytes_per_node_s_max": max(r["bytes_per_node_s"] for r in runs),
+        "detect_max_s_max": max((r["detect_max_s"] for r in runs if r["detect_max_s"] is not None), default=None),
+        "false_deaths": sum(r["false_deaths"] for r in runs),
+    }
+    if dedup:
+        summary.update(
+            object_recall_min=min(r["object_recall"] for r in dedup),
+            unreported_episodes=sum(r["unreported_episodes"] for r in dedup),
+            late_episodes=sum(r["late_episodes"] for r in dedup),
+            duplicate_ratio_mean=round(statistics.mean(ratios), 4),
+            duplicate_ratio_max=max(ratios),
+            deferred_reports=sum(r["deferred_reports"] for r in dedup),
+            report_bound_s=dedup[0]["report_bound_s"],
+        )
+        summary["targets_met"] = {
+            "recall_1_every_seed": summary["object_recall_min"] == 1.0 and summary["unreported_episodes"] == 0,
+            "duplicates_mean_le_2pct": summary["duplicate_ratio_mean"] <= 0.02,
+            "duplicates_every_seed_le_5pct": summary["duplicate_ratio_max"] <= 0.05,
+            "bytes_per_node_s_le_1000": summary["bytes_per_node_s_max"] <= 1000.0,
+        }
+    return summary
+
+
+def _run_seed(cfg: SimConfig) -> dict[str, Any]:
+    return SwarmSim(cfg).run()
+
+
+def _parse_seeds(text: str) -> list[int]:
+    """``5`` or ``1-20`` or ``1,3,6``."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        first, sep, last = part.partition("-")
+        if not first.strip().isdigit() or (sep and not last.strip().isdigit()):
+            raise ValueError(f"--seeds: {text!r} is not like 1-20 or 1,3,6")
+        seeds += range(int(first), int(last) + 1) if sep else [int(first)]
+    return seeds
+
+
+def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None, list[int] | None, int]:
     parser = argparse.ArgumentParser(prog="python -m swarm.sim", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--loss", type=float, default=0.1, help="datagram loss probability (0..1)")
     parser.add_argument("--seconds", type=float, default=300.0, help="simulated seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seeds", default=None, help="a sweep: run these seeds (1-20 or 1,3,6); prints a line per seed and a summary"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel in a sweep (processes)")
     parser.add_argument("--latency-ms", type=float, default=2.0)
     parser.add_argument("--jitter-ms", type=float, default=4.0)
     parser.add_argument(
@@ -433,6 +494,12 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
         parser.error("--seconds: must be > 0")
     if args.heal_at is not None and (args.partition_at is None or args.heal_at <= args.partition_at):
         parser.error("--heal-at: needs --partition-at before it")
+    try:
+        seeds = None if args.seeds is None else _parse_seeds(args.seeds)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.jobs < 1:
+        parser.error("--jobs: at least 1")
     timing = SwarmTiming()
     if args.suspicion_mult is not None:
         timing = replace(timing, suspicion_mult=args.suspicion_mult)
@@ -454,14 +521,27 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None]:
         timing=timing,
         dedup=DedupConfig(hold_s=args.hold_s, defer_s=defer_s),
     )
-    return cfg, args.json
+    return cfg, args.json, seeds, args.jobs
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, out = _parse(argv)
-    result = SwarmSim(cfg).run()
+    cfg, out, seeds, jobs = _parse(argv)
+    if seeds is None:
+        result = SwarmSim(cfg).run()
+        print(json.dumps(result, indent=2))
+    else:
+        configs = [replace(cfg, seed=seed) for seed in seeds]
+        if jobs > 1:
+            with multiprocessing.Pool(jobs) as pool:
+                runs = pool.map(_run_seed, configs)
+        else:
+            runs = [_run_seed(c) for c in configs]
+        keys = ("seed", "object_recall", "unreported_episodes", "duplicate_ratio", "bytes_per_node_s", "detect_max_s")
+        for r in runs:
+            print(" ".join(f"{k}={r.get(k)}" for k in keys))
+        result = {"runs": runs, "summary": summarize(runs)}
+        print(json.dumps(result["summary"], indent=2))
     text = json.dumps(result, indent=2)
-    print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")

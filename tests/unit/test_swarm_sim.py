@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from swarm.config import SwarmTiming
-from swarm.sim import SimConfig, SwarmSim, main
+from swarm.dedup import DedupConfig
+from swarm.sim import SimConfig, SwarmSim, main, summarize
 from swarm.suspicion import suspicion_timeout
 
 KEYS = {
@@ -57,3 +59,33 @@ def test_partition_heals_and_starved_member_is_not_declared_dead() -> None:
 def test_module_entry_point_rejects_bad_arguments() -> None:
     run = subprocess.run([sys.executable, "-m", "swarm.sim", "--loss", "1.5"], capture_output=True, text=True)
     assert run.returncode == 2 and "--loss: within [0, 1)" in run.stderr
+
+
+def test_every_detected_target_is_reported_within_the_bound_short_sweep() -> None:
+    """The 20-seed benchmark (``make bench-swarm``: docs/benchmarks.md) in short: 12 drones, 2 minutes, 10 % loss,
+    a drone killed a third in; then with a CPU-starved drone and the swarm cut in halves for 30 s."""
+    base = SimConfig(nodes=12, seconds=120.0, kill_at=40.0, dedup=DedupConfig(hold_s=2.5, defer_s=2.6))
+    runs = [SwarmSim(replace(base, seed=seed)).run() for seed in (1, 2)]
+    faulted = SwarmSim(replace(base, seed=4, starve=1, partition_at=40.0, heal_at=70.0)).run()
+    for r in [*runs, faulted]:
+        assert r["targets_detected"] > 10 and r["object_recall"] == 1.0
+        assert r["unreported_episodes"] == 0 and r["late_episodes"] == 0, r
+    summary = summarize(runs)
+    assert summary["targets_met"]["recall_1_every_seed"] and summary["duplicate_ratio_max"] <= 0.05
+    assert faulted["partition_deaths"] > 0  # the cut was real: each side reported what it saw on its own
+
+
+def test_a_sweep_writes_every_run_and_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    args = ["--seeds", "1,2", "--nodes", "4", "--seconds", "30", "--kill-at", "0", "--json", str(out)]
+    assert main(args) == 0
+    written = json.loads(out.read_text())
+    assert [r["seed"] for r in written["runs"]] == [1, 2]
+    assert set(written["summary"]["targets_met"]) == {
+        "recall_1_every_seed",
+        "duplicates_mean_le_2pct",
+        "duplicates_every_seed_le_5pct",
+        "bytes_per_node_s_le_1000",
+    }
+    bad = subprocess.run([sys.executable, "-m", "swarm.sim", "--seeds", "1-x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--seeds: '1-x' is not like 1-20 or 1,3,6" in bad.stderr
