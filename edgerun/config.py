@@ -250,7 +250,7 @@ class SwarmConfig(Section):
     bind: str = "127.0.0.1:7946"  # host:port for gossip (UDP) and push-pull (TCP); port 0: any free port
     seeds: list[str] = msgspec.field(default_factory=list)  # host:port of members to join through
     key_file: str = ""  # required when enabled: base64 swarm keys, one per line, the first encrypts
-    # Two claims of one class are one object within this distance (widened by their uncertainties) ...
+    # Two claims of one class are one object within this distance (not widened by their uncertainties) ...
     radius_m: PositiveFloat = 5.0
     # ... and when seen within this many seconds of each other; also how long a reported object is remembered.
     window_s: PositiveFloat = 60.0

@@ -24,7 +24,7 @@ from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
 from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
-from swarm.dedup import Dedup, DedupConfig, Observation
+from swarm.dedup import Dedup, DedupConfig, Observation, deferral_s
 from swarm.geo import CameraPose, LocalFrame, project_boxes
 from swarm.membership import UserBroadcast
 
@@ -107,15 +107,22 @@ class FleetMember:
 
         cfg = self.cfg
         now = time.monotonic()
-        self.dedup = Dedup(
-            self.node_id,
-            DedupConfig(
-                radius_m=cfg.radius_m, window_s=cfg.window_s, hold_s=cfg.hold_s, share_sightings=cfg.share_sightings
-            ),
-            now=now,
-        )
+        timing = swarm_timing(cfg)
+        # _run ticks dedup every gossip interval; the deferral covers swarms up to dedup's node cap
+        defer_s = deferral_s(timing, DedupConfig.max_nodes, timing.gossip_interval_s)
+        try:
+            dedup_cfg = DedupConfig(
+                radius_m=cfg.radius_m,
+                window_s=cfg.window_s,
+                hold_s=cfg.hold_s,
+                defer_s=defer_s,
+                share_sightings=cfg.share_sightings,
+            )
+        except ValueError as err:  # e.g. a window too short to decide a track in (hold_s + defer_s)
+            raise ConfigError(f"swarm: {err}") from None
+        self.dedup = Dedup(self.node_id, dedup_cfg, now=now)
         self.agent = SwarmAgent(
-            self.node_id, self.bind, swarm_timing(cfg), self.keyring, meta=encode_meta(self._meta()), seeds=self.seeds
+            self.node_id, self.bind, timing, self.keyring, meta=encode_meta(self._meta()), seeds=self.seeds
         )
         self.agent.on_event(self._on_swarm_event)
         try:
@@ -224,6 +231,9 @@ class FleetMember:
                 self._frame.lat0, self._frame.lon0, self._frame.alt0_m])  # fmt: skip
         # Through the wire Struct: a field swarm adds that edgerun.wire does not know fails here, in the tests.
         self._publish_object(msgspec.to_builtins(wire.FleetObject(**payload)))
+        # Every sink took it (queued; MQTT at QoS 1 through reconnects): only now do this node's claims say
+        # "reported", which lets peers stay quiet about it. Until then dedup hands it out again.
+        self.dedup.published(obj.id)
 
     def _meta_changed(self, meta: MemberMeta, now: float) -> bool:
         """Whether ``meta`` is worth gossiping: every update is a new incarnation sent to the whole swarm.
