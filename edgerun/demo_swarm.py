@@ -37,7 +37,7 @@ from edgerun.hostport import parse_hostport
 from edgerun.sources.replay import ReplaySource
 from edgerun.testing.jsonl_reader import JsonlTail, read_jsonl
 from edgerun.testing.ports import free_port, free_tcp_udp_port
-from edgerun.testing.scoring import MIN_TRUTH_HEIGHT_PX, greedy_matches, iou_matrix
+from edgerun.testing.scoring import MIN_TRUTH_HEIGHT_PX, greedy_pairs, iou_matrix
 from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
 from swarm.geo import LocalFrame
 
@@ -223,6 +223,11 @@ class FleetScore:
         self.truth_points = self.scene.ground_points
         self.tallies = {d.node_id: DroneTally() for d in drones}
         self.seen_truth: set[int] = set()  # scene objects some drone had in view (>= MIN_TRUTH_HEIGHT_PX)
+        # Per scene object: the frames a drone had it in view (drone, seq, box height px), and those in which a
+        # detection matched it (drone, seq, capture time): a face never reported was either never detected
+        # (the detector's miss) or detected and then lost on the way to the fleet topic (dedup's).
+        self.in_view: dict[int, list[tuple[str, int, float]]] = {}
+        self.detected: dict[int, list[tuple[str, int, float]]] = {}
         # Each fleet report is one object id published by one owner; later messages of an id are updates.
         self.reports: dict[str, dict[str, Any]] = {}
 
@@ -250,10 +255,17 @@ class FleetScore:
         keep = np.array([self.scene.labels[i] == TRUTH_LABEL for i in ids.tolist()], bool) & tall
         self.seen_truth.update(ids[keep].tolist())
         tally.truths += int(keep.sum())
-        tally.frame_scores[int(row["seq"])] = (len(dets), int(keep.sum()))
+        seq = int(row["seq"])
+        tally.frame_scores[seq] = (len(dets), int(keep.sum()))
+        for truth, box in zip(ids[keep].tolist(), boxes[keep].tolist()):
+            self.in_view.setdefault(truth, []).append((drone, seq, round(box[3] - box[1], 1)))
         if keep.any() and dets:
             det_boxes = np.asarray([d["box"] for d in dets], np.float32)
-            tally.matched += greedy_matches(iou_matrix(boxes[keep], det_boxes))
+            pairs = greedy_pairs(iou_matrix(boxes[keep], det_boxes))
+            tally.matched += len(pairs)
+            truths = ids[keep].tolist()
+            for t, _ in pairs:
+                self.detected.setdefault(truths[t], []).append((drone, seq, float(row.get("ts") or 0.0)))
 
     def fleet(self) -> dict[str, Any]:
         per_truth = reports_per_truth(self.reports, self.truth_points, self.radius_m, self.frame)
@@ -269,13 +281,37 @@ class FleetScore:
                 "uncertainty_m": obj.get("uncertainty_m"), "owner": obj.get("owner"),
                 "truth_distance_m": round(dist, 2),
             })  # fmt: skip
+        missed = sorted(set(self.seen_truth) - set(found))
         return {
             "located": located,
+            # Faces in view and never reported, split by cause: the detector never matched them, or it did.
+            "never_detected": [self._never_detected(i) for i in missed if i not in self.detected],
+            "detected_not_reported": [
+                {
+                    "truth": i,
+                    "detections": len(self.detected[i]),
+                    "first": list(self.detected[i][0]),
+                    "by": sorted({d for d, _, _ in self.detected[i]}),
+                }
+                for i in missed
+                if i in self.detected
+            ],  # fmt: skip
             "fleet_objects": len(self.reports),
             "duplicate_reports": sum(n - 1 for n in per_truth.values()),
             "objects_seen": seen,
             "objects_found": len(found),
             "object_recall": round(len(found) / seen, 4) if seen else None,
+        }
+
+    def _never_detected(self, truth: int, listed: int = 40) -> dict[str, Any]:
+        """A face the detector never matched: every frame it was in view and how tall it was (the first ones)."""
+        views = self.in_view.get(truth, [])
+        heights = [h for _, _, h in views]
+        return {
+            "truth": truth,
+            "frames_in_view": len(views),
+            "height_px_max": max(heights, default=None),
+            "frames": [{"drone": d, "seq": q, "height_px": h} for d, q, h in views[:listed]],
         }
 
     def summary(self) -> dict[str, Any]:

@@ -37,6 +37,7 @@ TOPICS = (
     wire.node_topic("+", "detections"),
     wire.node_topic("+", "events"),
     wire.FLEET_OBJECTS_TOPIC,
+    wire.FLEET_OBJECTS_RETAINED,  # each object's latest, retained: what was published while the observer was away
     wire.node_topic("+", "swarm"),
     wire.node_topic("+", "status"),
 )

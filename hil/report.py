@@ -156,6 +156,32 @@ def plot_versions(series: dict[str, Any]) -> str:
     return _png(fig)
 
 
+def _unreported(fleet: dict[str, Any]) -> str:
+    """The faces in view that no fleet object reported, by cause: never detected (the detector's misses, with
+    the frames and sizes they were in view at) and detected but not reported (dedup's losses: must be none)."""
+    never = fleet.get("never_detected") or []
+    lost = fleet.get("detected_not_reported") or []
+    if not never and not lost:
+        return "<p>None: every face some drone had in view was reported.</p>"
+    rows = [
+        [
+            str(e["truth"]),
+            "never detected",
+            f"{e['frames_in_view']} frames in view, at most {_fmt(e['height_px_max'])} px tall: "
+            + html.escape(", ".join(f"{f['drone']}#{f['seq']} ({f['height_px']:g} px)" for f in e["frames"]))
+            + (" ..." if e["frames_in_view"] > len(e["frames"]) else ""),
+        ]
+        for e in never
+    ]
+    for e in lost:
+        dedup = e.get("cause") == "dedup"
+        cause = "<b class='bad'>detected, not reported</b>" if dedup else html.escape(f"detected; {e.get('cause')}")
+        first = html.escape(f"{e['first'][0]}#{e['first'][1]}")
+        rows.append([str(e["truth"]), cause, f"{e['detections']} detections by {html.escape(', '.join(e['by']))}, "
+                     f"first {first}"])  # fmt: skip
+    return _table(["face", "cause", "detail"], rows)
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
@@ -243,6 +269,7 @@ def render_html(scenario: Scenario, result: dict[str, Any]) -> str:
     )
     if ota is not None:
         summary += f"; OTA v{ota['version']} convergence {_fmt(ota['convergence_s'])} s"
+    unreported = _unreported(fleet)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>HIL report: {html.escape(scenario.name)}</title>
 <style>
@@ -263,6 +290,8 @@ img {{ max-width: 100%; margin: .4em .6em .4em 0; border: 1px solid #eee; }}
 <ul>{"".join(f"<li>{n}</li>" for n in notes)}</ul>
 <h2>Pass criteria</h2>
 {_table(["criterion", "value", "limit", "result", "missed by", "detail"], criteria)}
+<h2>Faces in view, never reported</h2>
+{unreported}
 <h2>Plots</h2><div class="grid">{imgs}</div>
 <h2>Nodes</h2>
 {

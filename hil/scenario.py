@@ -116,6 +116,9 @@ class CriteriaSpec(Section):
 
     min_object_recall: Fraction | None = None
     max_duplicate_ratio: Fraction | None = None  # duplicate fleet reports / ground-truth objects found
+    # Faces in view that a detection matched but no fleet object reported (a node killed before it could decide
+    # is not counted against dedup): at-least-once reporting says 0.
+    max_dedup_losses: Annotated[int, msgspec.Meta(ge=0)] | None = None
     max_latency_p50_ms: PositiveFloat | None = None  # capture (node's wall clock) to the observer's receive
     max_latency_p99_ms: PositiveFloat | None = None
     max_failover_s: PositiveFloat | None = None  # accelerator fault injected -> first batch from the fallback

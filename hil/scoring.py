@@ -15,6 +15,7 @@ after it ended. Figures:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -24,10 +25,13 @@ from typing import Any
 import numpy as np
 
 # The rig flies the demo's scene, so a run is scored with the demo's fleet score (its drones, truth label).
+from edgerun.config import SwarmConfig
 from edgerun.demo_swarm import TRUTH_LABEL, Drone, FleetScore, object_local
 from edgerun.testing.jsonl_reader import read_jsonl
 from edgerun.wire import DETECTIONS_SCHEMA, OBJECT_SCHEMA, OBJECT_SCHEMA_V1
 from hil.scenario import Scenario
+from swarm.config import SwarmTiming
+from swarm.dedup import DedupConfig, deferral_s
 
 KILL_IN_FLIGHT_S = 3.0  # batches captured this close before a SIGKILL may die in the node's outbox, uncounted
 RESUME_GRACE_S = 2.0  # after a fault is undone, the node needs a moment to publish again
@@ -156,6 +160,7 @@ def _fleet_score(
             owner = str(payload.get("owner"))
             score.add(owner if owner in score.tallies else drones[0].node_id, payload)
         fleet = score.fleet()
+        _split_losses(fleet, score.detected, nodes_info, scenario)
         fleet["truth_points"] = score.truth_points.tolist()
         fleet["truth_labels"] = list(score.scene.labels)
         fleet["targets_in_scene"] = sum(1 for label in score.scene.labels if label == TRUTH_LABEL)
@@ -168,6 +173,42 @@ def _fleet_score(
     fleet["duplicate_ratio"] = round(fleet["duplicate_reports"] / found, 4) if found else None
     fleet["targets_declared"] = scenario.scene.targets
     return fleet
+
+
+def decide_s(scenario: Scenario) -> float:
+    """How long after a detection its node may take to report it: the hold, the deferral, a tick (the bound
+    of ``swarm.dedup``, with the deferral the node derives from its timing: ``edgerun.fleet.service``)."""
+    overrides: dict[str, Any] = dict(scenario.swarm.timing)
+    timing = dataclasses.replace(SwarmTiming(), **overrides)
+    hold = scenario.swarm.hold_s if scenario.swarm.hold_s is not None else SwarmConfig().hold_s
+    tick = timing.gossip_interval_s
+    return hold + deferral_s(timing, DedupConfig.max_nodes, tick) + tick
+
+
+def _split_losses(
+    fleet: dict[str, Any],
+    detected: dict[int, list[tuple[str, int, float]]],
+    nodes_info: dict[str, Any],
+    scenario: Scenario,
+) -> None:
+    """Of the faces detected but never reported: those only a node that was killed before it could decide
+    had detected (lost with the node), and the rest, dedup's losses (``dedup_losses``, which must be 0)."""
+    bound = decide_s(scenario)
+    kills = {
+        name: [float(e["t"]) for e in info.get("exits", []) if e.get("t") is not None and e.get("code") != 0]
+        for name, info in nodes_info.items()
+    }
+    losses = 0
+    for entry in fleet["detected_not_reported"]:
+        survived = [
+            (drone, ts)
+            for drone, _, ts in detected[entry["truth"]]
+            if not any(ts <= k <= ts + bound for k in kills.get(drone.split("#")[0], []))
+        ]
+        entry["cause"] = "dedup" if survived else "its only finders died before deciding"
+        losses += bool(survived)
+    fleet["dedup_losses"] = losses
+    fleet["decide_s"] = round(bound, 2)
 
 
 def _windows(faults: list[dict[str, Any]], node: str, t_end: float) -> list[tuple[float, float, str]]:
@@ -454,6 +495,8 @@ def check_criteria(result: dict[str, Any], scenario: Scenario) -> list[dict[str,
         add("object_recall", fleet.get("object_recall"), c.min_object_recall, True)
     if c.max_duplicate_ratio is not None:
         add("duplicate_ratio", fleet.get("duplicate_ratio"), c.max_duplicate_ratio, False)
+    if c.max_dedup_losses is not None:
+        add("faces detected but not reported (dedup losses)", fleet.get("dedup_losses"), c.max_dedup_losses, False)
     for pct, limit in ((50, c.max_latency_p50_ms), (99, c.max_latency_p99_ms)):
         if limit is not None:
             values = [n[f"latency_p{pct}_ms"] for n in nodes.values()]

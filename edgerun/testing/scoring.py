@@ -27,10 +27,11 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
 
 
-def greedy_matches(ious: np.ndarray, min_iou: float = MATCH_IOU) -> int:
-    """Truths (rows) matched one-to-one to detections (columns) at IoU >= ``min_iou``, best pairs first."""
+def greedy_pairs(ious: np.ndarray, min_iou: float = MATCH_IOU) -> list[tuple[int, int]]:
+    """(truth, detection) index pairs matched one-to-one at IoU >= ``min_iou``, best pairs first."""
     used_t: set[int] = set()
     used_d: set[int] = set()
+    pairs = []
     for flat in np.argsort(-ious, axis=None):
         t, d = divmod(int(flat), ious.shape[1])
         if ious[t, d] < min_iou:
@@ -39,4 +40,10 @@ def greedy_matches(ious: np.ndarray, min_iou: float = MATCH_IOU) -> int:
             continue
         used_t.add(t)
         used_d.add(d)
-    return len(used_t)
+        pairs.append((t, d))
+    return pairs
+
+
+def greedy_matches(ious: np.ndarray, min_iou: float = MATCH_IOU) -> int:
+    """Truths (rows) matched one-to-one to detections (columns) at IoU >= ``min_iou``, best pairs first."""
+    return len(greedy_pairs(ious, min_iou))

@@ -305,3 +305,51 @@ def test_an_interrupted_run_never_passes():
     cut = verdict(held, "sar-5", interrupted=True)
     assert not cut["passed"]
     assert cut["line"] == "FAIL sar-5 (interrupted: partial run): the 1 criteria held until it was cut short"
+
+
+def truth_boxes(seq):
+    """The true faces in view at frame ``seq`` and their boxes, as the scoring computes them (15 fps)."""
+    cfg = parse_config({"source": {"kind": "replay", "fps": 15.0, "replay": REPLAY}}).source
+    source = ReplaySource(cfg.replay, fps=cfg.fps)
+    source.open()
+    try:
+        ids, boxes = source.visible(source.pose_at(seq), 640, 480)
+    finally:
+        source.close()
+    return dict(zip(ids.tolist(), boxes.tolist()))
+
+
+def test_faces_never_reported_are_split_into_detector_misses_and_dedup_losses(truth):
+    run, rows = recorded(truth)
+    seen = {}
+    for seq in range(200):
+        for face, box in truth_boxes(seq).items():
+            if face not in (12, 13) and box[3] - box[1] >= 40:
+                seen.setdefault(face, []).append((seq, box))
+    lost, killed = sorted(seen)[:2]  # four faces in view, two reported: a detects one of the other two, b the other
+    for node, face in (("a", lost), ("b", killed)):
+        seq, box = seen[face][0]
+        row = next(r for r in rows if r["payload"].get("node") == node and r["payload"].get("seq") == seq)
+        row["payload"]["detections"] = [{"label": "face", "score": 0.9, "box": box}]
+    # b is SIGKILLed a second after its detection: it could not decide; a lived on and never reported its face.
+    t_det = next(r["payload"]["ts"] for r in rows if r["payload"].get("node") == "b" and r["payload"]["detections"])
+    run["nodes"]["b"]["exits"].insert(0, {"t": t_det + 1.0, "code": -9, "expected": True, "why": "kill fault"})
+    result = score_records(run, rows, scenario(max_dedup_losses=0), local={})
+    fleet = result["fleet"]
+    assert fleet["never_detected"] == []
+    causes = {e["truth"]: e["cause"] for e in fleet["detected_not_reported"]}
+    assert causes == {lost: "dedup", killed: "its only finders died before deciding"}
+    assert fleet["dedup_losses"] == 1 and fleet["decide_s"] == pytest.approx(2.5 + 2.0 + 0.2)
+    check = next(c for c in result["criteria"] if c["name"].startswith("faces detected but not reported"))
+    assert check["value"] == 1 and not check["passed"]
+    # Without any detection, the two are the detector's misses: every frame they were in view, and how tall.
+    run, rows = recorded(truth)
+    fleet = score_records(run, rows, scenario(max_dedup_losses=0), local={})["fleet"]
+    assert fleet["dedup_losses"] == 0 and fleet["detected_not_reported"] == []
+    missed = {e["truth"]: e for e in fleet["never_detected"]}
+    assert set(missed) == {lost, killed}
+    first = missed[lost]["frames"][0]
+    assert first["seq"] == seen[lost][0][0] and first["height_px"] == pytest.approx(
+        seen[lost][0][1][3] - seen[lost][0][1][1], abs=0.1
+    )
+    assert missed[lost]["frames_in_view"] == 2 * len(seen[lost])  # both nodes fly the same path
