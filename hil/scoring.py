@@ -62,9 +62,14 @@ def score_records(
     objects: list[tuple[float, dict[str, Any]]] = []
     scrapes: dict[str, list[dict[str, Any]]] = defaultdict(list)
     blind: list[tuple[float, float, str]] = []  # the observer was off the broker (a broker restart)
+    # The observer notices a broker restart a moment after the broker went down: it was blind from then on.
+    restarts = [
+        (f["t_start"], f.get("t_end") or t_end) for f in faults if f["kind"] == "broker_restart" and f.get("t_start")
+    ]
     for row in rows:
         if row.get("observer") == "disconnected":
-            blind.append((float(row["t"]), t_end, "observer"))
+            t = float(row["t"])
+            blind.append((min([t, *(a for a, b in restarts if a <= t <= b)]), t_end, "observer"))
         elif row.get("observer") == "connected" and blind and blind[-1][1] == t_end:
             blind[-1] = (blind[-1][0], float(row["t"]) + 1.0, "observer")
         if "scrape" in row:

@@ -203,8 +203,12 @@ def test_batches_lost_beyond_the_counted_drops_and_a_fault_that_did_not_happen(t
     observed = {(r["payload"]["seq"], r["payload"]["ts"]) for r in rows if r["payload"].get("node") == "a"}
     local_a = [r["payload"] for r in rows if r["payload"].get("node") == "a"]
     local_a += [{**local_a[-1], "seq": 500 + k, "ts": T0 + 30 + k} for k in range(3)]  # written, never delivered
-    # ... and one captured while the observer itself was off the broker: not seen, but not counted as lost.
+    # ... and two captured while the observer itself was off the broker: not seen, but not counted as lost; the
+    # broker went down at 19.9 s, the observer noticed at 20 s (a sar-5 run had a batch captured in between).
     local_a.append({**local_a[-1], "seq": 600, "ts": T0 + 20.5})
+    local_a.append({**local_a[-1], "seq": 601, "ts": T0 + 19.95})
+    run["faults"].append({"index": 1, "kind": "broker_restart", "at_s": 19.9, "duration_s": 2, "t_start": T0 + 19.9,
+                          "t_end": T0 + 21.9, "happened": True, "injectable": True})  # fmt: skip
     rows = rows + [{"t": T0 + 20, "observer": "disconnected"}, {"t": T0 + 22, "observer": "connected"}]
     assert len(observed) == 200
     dropped = {'edgerun_sink_dropped_total{sink="mqtt"}': 1.0}
@@ -212,7 +216,7 @@ def test_batches_lost_beyond_the_counted_drops_and_a_fault_that_did_not_happen(t
     result = score_records(run, rows + scrapes, scenario(max_unaccounted_loss=0), local={"a": local_a, "b": []})
     loss = result["per_node"]["a"]["loss"]
     assert (loss["missing"], loss["counted_dropped"], loss["unaccounted"]) == (3, 1, 2)
-    assert loss["observer_blind"] == 1 and loss["local"] == 204
+    assert loss["observer_blind"] == 2 and loss["local"] == 205
     line = result["verdict"]["line"]
     assert "unaccounted_loss (batches) 2 vs limit 0" in line
     assert "fault 0 camera_loss a happened: no (a kept publishing batches after its camera was taken away" in line
