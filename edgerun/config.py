@@ -255,9 +255,10 @@ class SwarmConfig(Section):
     # ... and when seen within this many seconds of each other; also how long a reported object is remembered.
     window_s: PositiveFloat = 60.0
     # Wait this long for neighbours' claims before reporting an object; 0: report at once, suppress later copies.
-    # 2.5 s: drones that find an object within a gossip round trip of each other report it once; in the 20-drone
-    # sim duplicates are 0-2.5 % of shared objects at 2.5 s, 0-7.5 % at 1.5, ~40 % at 0 (docs/swarm.md, fleet objects).
-    hold_s: NonNegFloat = 2.5
+    # 1.5 s: drones that find an object within a gossip round trip of each other report it once; in the 20-drone
+    # sim (seeds 1-20) duplicates are 0.5 % of shared objects on average at 1.5 s (<= 2.5 % a seed), 1.1 % at 1.0,
+    # 1.25 % at 2.5, ~39 % at 0 (docs/swarm.md, at-least-once reporting).
+    hold_s: NonNegFloat = 1.5
     min_score: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0  # detections below this make no claim
     # Drones that find an object already reported tell its owner once per track, so seen_by counts them; cheap
     # in a small swarm, ~1.1 KB/s more per node in the 20-drone sim (docs/swarm.md, fleet objects).

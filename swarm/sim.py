@@ -475,8 +475,8 @@ def _parse(argv: list[str] | None) -> tuple[SimConfig, Path | None, list[int] | 
     parser.add_argument("--heal-at", type=float, default=None, help="heal the partition then")
     parser.add_argument("--starve", type=int, default=0, help="members whose CPU stalls (timers fire late)")
     parser.add_argument("--no-drones", action="store_true", help="membership only, no targets and dedup")
-    # 2.5 s: what an edgerun node runs with ([swarm] hold_s), not the library's decide-at-once 0
-    parser.add_argument("--hold-s", type=float, default=2.5, help="dedup hold time (default 2.5, the node's)")
+    # 1.5 s: what an edgerun node runs with ([swarm] hold_s), not the library's decide-at-once 0
+    parser.add_argument("--hold-s", type=float, default=1.5, help="dedup hold time (default 1.5, the node's)")
     parser.add_argument(
         "--defer-s",
         type=float,

@@ -343,7 +343,7 @@ def test_faces_never_reported_are_split_into_detector_misses_and_dedup_losses(tr
     assert fleet["never_detected"] == []
     causes = {e["truth"]: e["cause"] for e in fleet["detected_not_reported"]}
     assert causes == {lost: "dedup", killed: "its only finders died before deciding"}
-    assert fleet["dedup_losses"] == 1 and fleet["decide_s"] == pytest.approx(2.5 + 2.0 + 0.2)
+    assert fleet["dedup_losses"] == 1 and fleet["decide_s"] == pytest.approx(1.5 + 2.0 + 0.2)  # node defaults
     check = next(c for c in result["criteria"] if c["name"].startswith("faces detected but not reported"))
     assert check["value"] == 1 and not check["passed"]
     # Without any detection, the two are the detector's misses: every frame they were in view, and how tall.

@@ -64,7 +64,7 @@ def test_module_entry_point_rejects_bad_arguments() -> None:
 def test_every_detected_target_is_reported_within_the_bound_short_sweep() -> None:
     """The 20-seed benchmark (``make bench-swarm``: docs/benchmarks.md) in short: 12 drones, 2 minutes, 10 % loss,
     a drone killed a third in; then with a CPU-starved drone and the swarm cut in halves for 30 s."""
-    base = SimConfig(nodes=12, seconds=120.0, kill_at=40.0, dedup=DedupConfig(hold_s=2.5, defer_s=2.6))
+    base = SimConfig(nodes=12, seconds=120.0, kill_at=40.0, dedup=DedupConfig(hold_s=1.5, defer_s=2.6))
     runs = [SwarmSim(replace(base, seed=seed)).run() for seed in (1, 2)]
     faulted = SwarmSim(replace(base, seed=4, starve=1, partition_at=40.0, heal_at=70.0)).run()
     for r in [*runs, faulted]:
