@@ -226,6 +226,7 @@ class Membership:
             "tcp_fallback_probes": 0,
             "tcp_fallback_rescues": 0,
             "suspicions": 0,
+            "suspect_tells": 0,
             "refutations": 0,
             "deaths": 0,
             "push_pulls": 0,
@@ -425,7 +426,7 @@ class Membership:
         if self._relays:
             deadlines.append(min(r.deadline for r in self._relays.values()))
         if self._suspicions:
-            deadlines.append(min(s.deadline for s in self._suspicions.values()))
+            deadlines.append(min(min(s.deadline, s.tell_at) for s in self._suspicions.values()))
         return min(deadlines)
 
     def pop_events(self) -> list[MemberEvent | UserBroadcast]:
@@ -464,7 +465,7 @@ class Membership:
         elif isinstance(message, Alive):
             self._alive(message, now)
         elif isinstance(message, Suspect):
-            self._suspect(message, now)
+            self._suspect(message, now, reply_to=addr)
         elif isinstance(message, Dead):
             self._dead(message, now)
         elif isinstance(message, UserMsg):
@@ -537,20 +538,30 @@ class Membership:
         elif old_meta != member.meta:
             self._emit("update", member)
 
-    def _suspect(self, s: Suspect, now: float) -> None:
+    def _suspect(self, s: Suspect, now: float, reply_to: tuple[str, int] | None = None) -> None:
         member = self._nodes.get(s.name)
-        if member is None or s.incarnation < member.incarnation:
+        if member is None:
+            return
+        if s.incarnation < member.incarnation:
+            if s.name == self.local_name and reply_to is not None and not self._leaving:
+                self._answer_suspicion(reply_to)  # the sender missed our refutation: tell it directly
             return
         suspicion = self._suspicions.get(s.name)
         if suspicion is not None:
-            if suspicion.confirm(s.source, now):
-                self._updates.queue(s.name, encode_message(s))  # new information: pass it on
-            return
-        if member.state is not MemberState.ALIVE:
+            if s.incarnation == member.incarnation:
+                if suspicion.confirm(s.source, now):
+                    self._updates.queue(s.name, encode_message(s))  # new information: pass it on
+                return
+            # A newer incarnation is suspected: the member refuted ours (we missed it), so this is a new suspicion,
+            # not a confirmation of the old one (memberlist confirms, which fires a stale timer at once).
+            del self._suspicions[s.name]
+        elif member.state is not MemberState.ALIVE:
             return
         if s.name == self.local_name:
             if not self._leaving:
                 self._refute(s.incarnation)
+                if reply_to is not None:
+                    self._answer_suspicion(reply_to)  # the sender suspects us: it is the first to know
             return
         self._updates.queue(s.name, encode_message(s))
         member.incarnation = s.incarnation
@@ -563,8 +574,15 @@ class Membership:
             k = 0  # too few members to ever get k confirmations
         min_s = suspicion_timeout(self.timing.suspicion_mult, n, self.timing.probe_interval_s)
         max_s = self.timing.suspicion_max_timeout_mult * min_s
-        self._suspicions[s.name] = Suspicion(k, min_s, max_s, now, now + (max_s if k >= 1 else min_s), {s.source})
+        deadline = now + (max_s if k >= 1 else min_s)
+        tell_at = now + self._scaled(self.timing.probe_interval_s)
+        self._suspicions[s.name] = Suspicion(k, min_s, max_s, now, deadline, {s.source}, tell_at=tell_at)
         self._emit("suspect", member)
+
+    def _answer_suspicion(self, addr: tuple[str, int]) -> None:
+        """Our current Alive, straight to a member that suspects an older incarnation of us (once in the packet)."""
+        alive = encode_message(self._alive_self())
+        self._emit_packet(addr, [alive] + [p for p in self._piggyback(len(alive), 1) if p != alive])
 
     def _dead(self, d: Dead, now: float) -> None:
         member = self._nodes.get(d.name)
@@ -723,12 +741,21 @@ class Membership:
         if not self._suspicions:
             return
         for name, suspicion in list(self._suspicions.items()):
-            if now < suspicion.deadline:
-                continue
-            del self._suspicions[name]
             member = self._nodes.get(name)
-            if member is not None and member.state is MemberState.SUSPECT:
-                self._dead(Dead(name=name, incarnation=member.incarnation, source=self.local_name), now)
+            if now >= suspicion.deadline:
+                del self._suspicions[name]
+                if member is not None and member.state is MemberState.SUSPECT:
+                    self._dead(Dead(name=name, incarnation=member.incarnation, source=self.local_name), now)
+            elif now >= suspicion.tell_at and member is not None:
+                # Lifeguard's buddy system rides on our probes of the suspect, one per round of the probe list: a
+                # member that missed the refutation gossip would hold its stale suspicion until it fires. Telling
+                # the suspect once per probe interval makes it answer us directly (_suspect's reply_to).
+                suspicion.tell_at = now + self._scaled(self.timing.probe_interval_s)
+                self.stats["suspect_tells"] += 1
+                self._send(
+                    member.addr,
+                    [encode_message(Suspect(name=name, incarnation=member.incarnation, source=self.local_name))],
+                )
 
     # ------------------------------------------------------------------ gossip and anti-entropy
 
@@ -848,11 +875,12 @@ class Membership:
         self.stats["stream_sent_bytes"] += len(reply)
         return reply
 
-    def _queue_alive_self(self) -> None:
+    def _alive_self(self) -> Alive:
         me = self._nodes[self.local_name]
-        self._updates.queue(
-            self.local_name, encode_message(Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta))
-        )
+        return Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta)
+
+    def _queue_alive_self(self) -> None:
+        self._updates.queue(self.local_name, encode_message(self._alive_self()))
 
     def _next_seq(self) -> int:
         self._seq += 1
