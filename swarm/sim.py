@@ -287,7 +287,8 @@ class SwarmSim:
         return result
 
     def _heal_repair(self) -> float | None:
-        """Seconds from the heal until every live member sees every other live member alive again."""
+        """Seconds from the heal until every live member sees every other live member alive again (at the end it may
+        be suspect: a starved member's suspicions come and go)."""
         heal = self.partitioned[-1][1]
         live = [h for h in self.hosts if h.alive]
         live_names = {h.membership.local_name for h in live}
@@ -299,7 +300,7 @@ class SwarmSim:
                     view[event.member.name] = (t, event.kind)
             for other in live_names - {host.membership.local_name}:
                 member = host.membership.member(other)
-                if member is None or member.state is not MemberState.ALIVE:
+                if member is None or member.state not in (MemberState.ALIVE, MemberState.SUSPECT):
                     return None
                 t, _ = view.get(other, (0.0, ""))
                 worst = max(worst, t - heal)
