@@ -105,6 +105,37 @@ def test_direct_probe_sends_ping_for_the_named_target_and_an_ack_ends_it() -> No
     assert a.stats["probe_failures"] == 0 and states(a)["b"] is MemberState.ALIVE
 
 
+def test_an_unanswered_ping_is_sent_once_more_before_the_indirect_probes() -> None:
+    a = Membership("a", addr(0), TIMING, now=0.0, rng=random.Random(1))
+    for i in (1, 2, 3):
+        deliver(a, Alive(name=f"p{i}", addr=addr(i), incarnation=1, meta=b""), now=0.0)
+    a.datagrams_to_send()
+    sent: list = []
+    now = 0.0
+    while not sent:
+        now = a.get_timer()
+        a.handle_timer(now)
+        sent = [(d, x) for d, ms in sent_messages(a) for x in ms if isinstance(x, Ping)]
+    ((target, ping),) = sent
+    # the ping (or its ack) was lost: at half the ack timeout the same ping goes again, once, to the same member
+    resends = []
+    while now < ping_time(a, now) + TIMING.probe_timeout_s / 2:
+        now = a.get_timer()
+        a.handle_timer(now)
+        resends += [(d, x) for d, ms in sent_messages(a) for x in ms if isinstance(x, Ping)]
+    assert resends == [(target, ping)] and a.stats["probe_resends"] == 1
+    deliver(a, Ack(seq=ping.seq), now=now + 0.01, src=target)  # the resend's ack ends the probe
+    a.handle_timer(now + 2.0)
+    assert a.stats["indirect_probes"] == 0 and a.stats["probe_failures"] == 0
+
+
+def ping_time(a: Membership, now: float) -> float:
+    """When the probe in flight sent its first ping (its ack deadline less the ack timeout)."""
+    probe = a._probe
+    assert probe is not None
+    return probe.ack_deadline - TIMING.probe_timeout_s
+
+
 def test_a_ping_for_another_member_is_dropped_and_counted() -> None:
     a = Membership("a", addr(0), TIMING, now=0.0)
     deliver(a, Ping(seq=1, target="someone-else", source="b"), now=0.0)
