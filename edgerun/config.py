@@ -234,7 +234,7 @@ class McuConfig(Section):
 
 
 class SwarmTimingConfig(Section):
-    """Gossip timers; 0 keeps swarm.config.SwarmTiming's default (memberlist's LAN values)."""
+    """Gossip timers; 0 keeps swarm.config.SwarmTiming's default (memberlist's LAN values, probing twice as often)."""
 
     probe_interval_s: NonNegFloat = 0.0
     probe_timeout_s: NonNegFloat = 0.0

@@ -8,11 +8,16 @@ touches a socket or a clock.
 What it does, after memberlist (state.go, suspicion.go, awareness.go, queue.go) and the Lifeguard paper:
 
 * one probe per (health-scaled) probe interval to the next member of a shuffled round-robin list; no ack
-  within ``probe_timeout_s`` -> indirect pings through ``indirect_checks`` peers (who nack if the target
-  stays silent) and a ping over a stream (the TCP fallback); no ack by the end of the interval -> suspect;
+  within half of ``probe_timeout_s`` -> the ping once more (not in memberlist); none within ``probe_timeout_s``
+  -> indirect pings through ``indirect_checks`` peers (who nack if the target stays silent) and a ping over a
+  stream (the TCP fallback); no ack by the end of the interval -> suspect;
 * suspicion starts at its maximum timeout and shrinks as independent members confirm it
-  (``max - log(n+1)/log(k+1) * (max - min)``, never below ``min``), k = suspicion_mult - 2;
-* incarnation numbers: a member told it is suspect or dead refutes with a higher incarnation;
+  (``max - log(n+1)/log(k+1) * (max - min)``, never below ``min``), k = suspicion_mult - 2; a suspicion of a
+  newer incarnation replaces an older one (memberlist counts it as a confirmation);
+* incarnation numbers: a member told it is suspect or dead refutes with a higher incarnation; the suspect is
+  told by every member that suspects it, once per probe interval, and answers each teller (and anyone that
+  sends it a suspicion of an incarnation it already refuted) with its Alive directly (not in memberlist: a
+  member that missed the refutation gossip would otherwise declare it dead);
 * local health (Lifeguard's awareness): missed nacks, failed probes, refutations and late timers raise the
   score, each successful probe lowers it; the score stretches this member's probe interval;
 * updates piggyback on every packet, each sent ``retransmit_mult * ceil(log10(N+1))`` times, least-sent first,
@@ -130,6 +135,7 @@ class _Probe:
     nacks: int = 0
     tcp_token: int | None = None
     tcp_ok: bool = False
+    resend_at: float | None = None
 
 
 @dataclass
@@ -221,11 +227,13 @@ class Membership:
             "stream_sent_bytes": 0,
             "stream_received_bytes": 0,
             "probes": 0,
+            "probe_resends": 0,
             "probe_failures": 0,
             "indirect_probes": 0,
             "tcp_fallback_probes": 0,
             "tcp_fallback_rescues": 0,
             "suspicions": 0,
+            "suspect_tells": 0,
             "refutations": 0,
             "deaths": 0,
             "push_pulls": 0,
@@ -422,10 +430,12 @@ class Membership:
         probe = self._probe
         if probe is not None:
             deadlines.append(probe.end if probe.indirect else probe.ack_deadline)
+            if probe.resend_at is not None:
+                deadlines.append(probe.resend_at)
         if self._relays:
             deadlines.append(min(r.deadline for r in self._relays.values()))
         if self._suspicions:
-            deadlines.append(min(s.deadline for s in self._suspicions.values()))
+            deadlines.append(min(min(s.deadline, s.tell_at) for s in self._suspicions.values()))
         return min(deadlines)
 
     def pop_events(self) -> list[MemberEvent | UserBroadcast]:
@@ -464,7 +474,7 @@ class Membership:
         elif isinstance(message, Alive):
             self._alive(message, now)
         elif isinstance(message, Suspect):
-            self._suspect(message, now)
+            self._suspect(message, now, reply_to=addr)
         elif isinstance(message, Dead):
             self._dead(message, now)
         elif isinstance(message, UserMsg):
@@ -537,20 +547,30 @@ class Membership:
         elif old_meta != member.meta:
             self._emit("update", member)
 
-    def _suspect(self, s: Suspect, now: float) -> None:
+    def _suspect(self, s: Suspect, now: float, reply_to: tuple[str, int] | None = None) -> None:
         member = self._nodes.get(s.name)
-        if member is None or s.incarnation < member.incarnation:
+        if member is None:
+            return
+        if s.incarnation < member.incarnation:
+            if s.name == self.local_name and reply_to is not None and not self._leaving:
+                self._answer_suspicion(reply_to)  # the sender missed our refutation: tell it directly
             return
         suspicion = self._suspicions.get(s.name)
         if suspicion is not None:
-            if suspicion.confirm(s.source, now):
-                self._updates.queue(s.name, encode_message(s))  # new information: pass it on
-            return
-        if member.state is not MemberState.ALIVE:
+            if s.incarnation == member.incarnation:
+                if suspicion.confirm(s.source, now):
+                    self._updates.queue(s.name, encode_message(s))  # new information: pass it on
+                return
+            # A newer incarnation is suspected: the member refuted ours (we missed it), so this is a new suspicion,
+            # not a confirmation of the old one (memberlist confirms, which fires a stale timer at once).
+            del self._suspicions[s.name]
+        elif member.state is not MemberState.ALIVE:
             return
         if s.name == self.local_name:
             if not self._leaving:
                 self._refute(s.incarnation)
+                if reply_to is not None:
+                    self._answer_suspicion(reply_to)  # the sender suspects us: it is the first to know
             return
         self._updates.queue(s.name, encode_message(s))
         member.incarnation = s.incarnation
@@ -563,8 +583,15 @@ class Membership:
             k = 0  # too few members to ever get k confirmations
         min_s = suspicion_timeout(self.timing.suspicion_mult, n, self.timing.probe_interval_s)
         max_s = self.timing.suspicion_max_timeout_mult * min_s
-        self._suspicions[s.name] = Suspicion(k, min_s, max_s, now, now + (max_s if k >= 1 else min_s), {s.source})
+        deadline = now + (max_s if k >= 1 else min_s)
+        tell_at = now + self.timing.probe_interval_s  # not health-scaled: it saves false deaths
+        self._suspicions[s.name] = Suspicion(k, min_s, max_s, now, deadline, {s.source}, tell_at=tell_at)
         self._emit("suspect", member)
+
+    def _answer_suspicion(self, addr: tuple[str, int]) -> None:
+        """Our current Alive, straight to a member that suspects an older incarnation of us (once in the packet)."""
+        alive = encode_message(self._alive_self())
+        self._emit_packet(addr, [alive] + [p for p in self._piggyback(len(alive), 1) if p != alive])
 
     def _dead(self, d: Dead, now: float) -> None:
         member = self._nodes.get(d.name)
@@ -653,19 +680,31 @@ class Membership:
     def _probe_member(self, member: Member, now: float, interval: float) -> None:
         seq = self._next_seq()
         self.stats["probes"] += 1
-        self._probe = _Probe(seq, member.name, now + self.timing.probe_timeout_s, now + interval, interval)
+        timeout = self.timing.probe_timeout_s
+        # One resend at half the ack timeout: at 10 % loss a fifth of probes lose the ping or the ack, and each
+        # would cost three indirect pings and a TCP ping (12+ packets); the resend rescues most of them for two.
+        self._probe = _Probe(seq, member.name, now + timeout, now + interval, interval, resend_at=now + timeout / 2)
+        self._send(member.addr, self._ping_parts(seq, member))
+
+    def _ping_parts(self, seq: int, member: Member) -> list[bytes]:
         parts = [encode_message(Ping(seq=seq, target=member.name, source=self.local_name))]
         if member.state is not MemberState.ALIVE:
             # Tell a suspect what we think so it can refute at once (Lifeguard's buddy system).
             parts.append(
                 encode_message(Suspect(name=member.name, incarnation=member.incarnation, source=self.local_name))
             )
-        self._send(member.addr, parts)
+        return parts
 
     def _probe_stages(self, now: float) -> None:
         probe = self._probe
         if probe is None:
             return
+        if probe.resend_at is not None and now >= probe.resend_at and not probe.indirect:
+            probe.resend_at = None
+            member = self._nodes.get(probe.target)
+            if member is not None:
+                self.stats["probe_resends"] += 1
+                self._send(member.addr, self._ping_parts(probe.seq, member))
         if not probe.indirect and now >= probe.ack_deadline:
             self._start_indirect(probe, now)
         if probe.indirect and now >= probe.end:
@@ -723,12 +762,21 @@ class Membership:
         if not self._suspicions:
             return
         for name, suspicion in list(self._suspicions.items()):
-            if now < suspicion.deadline:
-                continue
-            del self._suspicions[name]
             member = self._nodes.get(name)
-            if member is not None and member.state is MemberState.SUSPECT:
-                self._dead(Dead(name=name, incarnation=member.incarnation, source=self.local_name), now)
+            if now >= suspicion.deadline:
+                del self._suspicions[name]
+                if member is not None and member.state is MemberState.SUSPECT:
+                    self._dead(Dead(name=name, incarnation=member.incarnation, source=self.local_name), now)
+            elif now >= suspicion.tell_at and member is not None:
+                # Lifeguard's buddy system rides on our probes of the suspect, one per round of the probe list: a
+                # member that missed the refutation gossip would hold its stale suspicion until it fires. Telling
+                # the suspect once per probe interval makes it answer us directly (_suspect's reply_to).
+                suspicion.tell_at = now + self.timing.probe_interval_s
+                self.stats["suspect_tells"] += 1
+                self._send(
+                    member.addr,
+                    [encode_message(Suspect(name=name, incarnation=member.incarnation, source=self.local_name))],
+                )
 
     # ------------------------------------------------------------------ gossip and anti-entropy
 
@@ -848,11 +896,12 @@ class Membership:
         self.stats["stream_sent_bytes"] += len(reply)
         return reply
 
-    def _queue_alive_self(self) -> None:
+    def _alive_self(self) -> Alive:
         me = self._nodes[self.local_name]
-        self._updates.queue(
-            self.local_name, encode_message(Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta))
-        )
+        return Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta)
+
+    def _queue_alive_self(self) -> None:
+        self._updates.queue(self.local_name, encode_message(self._alive_self()))
 
     def _next_seq(self) -> int:
         self._seq += 1

@@ -18,6 +18,7 @@ class Suspicion:
     deadline: float
     confirmations: set[str]
     n: int = 0
+    tell_at: float = math.inf  # when to tell the suspect (again) that we suspect it (Membership._suspicion_timeouts)
 
     def confirm(self, source: str, now: float) -> bool:
         if self.n >= self.k or source in self.confirmations:
