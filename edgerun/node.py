@@ -512,9 +512,14 @@ class Node:
         self.fleet = fleet
         self._services.push_async_callback(fleet.stop)  # before the sinks close: the leave is announced
 
-    def _publish_object(self, payload: dict[str, Any]) -> None:
+    def _publish_object(self, payload: dict[str, Any], on_published: Callable[[], None] | None = None) -> None:
+        """A fleet object to every sink; ``on_published`` once it is known published: on the broker's PUBACK
+        where a sink confirms (MQTT), else as soon as the sinks took it (JSON Lines, DDS: nothing to confirm)."""
+        confirmer = next((sink for sink in self.sinks if sink.confirms_objects), None)
         for sink in self.sinks:
-            sink.publish_object(payload)
+            sink.publish_object(payload, on_published if sink is confirmer else None)
+        if confirmer is None and on_published is not None:
+            on_published()
 
     def _publish_swarm_view(self, view: dict[str, Any]) -> None:
         for sink in self.sinks:

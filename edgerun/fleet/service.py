@@ -78,7 +78,7 @@ class FleetMember:
         cfg: SwarmConfig,
         node_id: str,
         *,
-        publish_object: Callable[[dict[str, Any]], None],
+        publish_object: Callable[[dict[str, Any], Callable[[], None]], None],
         publish_event: Callable[[str, dict[str, Any]], None],
         meta: Callable[[], MemberMeta],
     ) -> None:
@@ -230,10 +230,10 @@ class FleetMember:
             payload.update(east_m=round(float(east), 2), north_m=round(float(north), 2), origin=[
                 self._frame.lat0, self._frame.lon0, self._frame.alt0_m])  # fmt: skip
         # Through the wire Struct: a field swarm adds that edgerun.wire does not know fails here, in the tests.
-        self._publish_object(msgspec.to_builtins(wire.FleetObject(**payload)))
-        # Every sink took it (queued; MQTT at QoS 1 through reconnects): only now do this node's claims say
-        # "reported", which lets peers stay quiet about it. Until then dedup hands it out again.
-        self.dedup.published(obj.id)
+        # Only once it is known published (the broker's PUBACK where MQTT is on) do this node's claims say
+        # "reported", which lets peers stay quiet about it; until then dedup hands it out again.
+        dedup, object_id = self.dedup, obj.id
+        self._publish_object(msgspec.to_builtins(wire.FleetObject(**payload)), lambda: dedup.published(object_id))
 
     def _meta_changed(self, meta: MemberMeta, now: float) -> bool:
         """Whether ``meta`` is worth gossiping: every update is a new incarnation sent to the whole swarm.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -68,8 +69,15 @@ class Sink(ABC):
     def publish_event(self, kind: str, data: dict[str, Any]) -> None:  # noqa: B027
         """Queue a node event (state change, failover, OTA step). Optional."""
 
-    def publish_object(self, payload: dict[str, Any]) -> None:  # noqa: B027
-        """Queue a fleet object this node owns (schema ``edgerun.object/1``). Optional."""
+    # Whether publish_object calls on_delivered once the far end confirmed it (MQTT: the broker's PUBACK). The swarm
+    # lets peers stay quiet about an object only once a confirming sink has it (at-least-once reporting).
+    confirms_objects: ClassVar[bool] = False
+
+    def publish_object(  # noqa: B027
+        self, payload: dict[str, Any], on_delivered: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a fleet object this node owns (schema ``edgerun.object/2``). Optional. A sink that
+        ``confirms_objects`` calls ``on_delivered`` (on the loop) once it is delivered; others ignore it."""
 
     def publish_swarm_view(self, view: dict[str, Any]) -> None:  # noqa: B027
         """Publish this node's view of the swarm (schema ``edgerun.swarm/1``), replacing the last. Optional."""

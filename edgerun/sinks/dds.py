@@ -26,6 +26,7 @@ import math
 import re
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -387,7 +388,7 @@ class DdsSink(Sink):
             self._outbox.put((batch, t_submit))  # full: drops the oldest and counts it
             self._lock.notify()
 
-    def publish_object(self, payload: dict[str, Any]) -> None:
+    def publish_object(self, payload: dict[str, Any], on_delivered: Callable[[], None] | None = None) -> None:
         """A fleet object on ``objects_topic`` (native edgerun::FleetObject), written by the writer thread."""
         with self._lock:
             self._objects.append(payload)

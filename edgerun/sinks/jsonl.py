@@ -12,6 +12,7 @@ import logging
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 import msgspec
@@ -60,7 +61,7 @@ class JsonlSink(Sink):
             self._outbox.put(("event", payload, 0.0))
             self._cond.notify()
 
-    def publish_object(self, payload: dict[str, Any]) -> None:
+    def publish_object(self, payload: dict[str, Any], on_delivered: Callable[[], None] | None = None) -> None:
         """Fleet objects go to the same stream too: the file says what this node reported for the fleet."""
         with self._cond:
             self._outbox.put(("object", payload, 0.0))

@@ -85,7 +85,7 @@ def _to_builtin(obj: Any) -> Any:
 class _Message:
     """A pre-encoded non-detection message (event, metrics) waiting in the events queue."""
 
-    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type", "expiry_s", "topic")
+    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type", "expiry_s", "topic", "on_delivered")
 
     def __init__(
         self,
@@ -96,8 +96,10 @@ class _Message:
         content_type: str,
         expiry_s: int = 0,
         topic: str | None = None,  # instead of the key's topic (a fleet object's own retained topic)
+        on_delivered: Callable[[], None] | None = None,  # called on the broker's PUBACK
     ) -> None:
         self.topic = topic
+        self.on_delivered = on_delivered
         self.topic_key = topic_key
         self.payload = payload
         self.qos = qos
@@ -234,13 +236,16 @@ class MqttSink(Sink):
             return
         self._queue_message(_Message("events", body, self.cfg.qos_events, False, "application/json"))
 
-    def publish_object(self, payload: dict[str, Any]) -> None:
+    confirms_objects = True
+
+    def publish_object(self, payload: dict[str, Any], on_delivered: Callable[[], None] | None = None) -> None:
         """A fleet object this node owns, at QoS 1: a found person must reach the ground station.
+        ``on_delivered`` runs when the broker acknowledged it (PUBACK with success), through reconnects.
 
         Also retained on the object's own topic (``<fleet_topic>/<id>``) for ``object_retain_s``, so a station or
         ``edgerun fleet objects`` that starts later still gets every find the broker holds.
         """
-        self._queue_json("objects", payload, 1, retain=False)
+        self._queue_json("objects", payload, 1, retain=False, on_delivered=on_delivered)
         if self.cfg.object_retain_s and isinstance(payload.get("id"), str):
             topic = f"{self.topics['objects']}/{payload['id']}"
             self._queue_json("objects", payload, 1, retain=True, topic=topic, expiry_s=self.cfg.object_retain_s)
@@ -258,6 +263,7 @@ class MqttSink(Sink):
         retain: bool,
         topic: str | None = None,
         expiry_s: int = 0,
+        on_delivered: Callable[[], None] | None = None,
     ) -> None:
         try:
             body = self._encoder.encode(payload)
@@ -265,7 +271,7 @@ class MqttSink(Sink):
             self.stats.errors += 1
             log.warning("mqtt: %s message is not JSON-encodable (%s); not published", topic_key, err)
             return
-        self._queue_message(_Message(topic_key, body, qos, retain, "application/json", expiry_s, topic))
+        self._queue_message(_Message(topic_key, body, qos, retain, "application/json", expiry_s, topic, on_delivered))
 
     def set_metrics_provider(self, provider: Callable[[], dict[str, Any]]) -> None:
         """Where the periodic ``metrics`` message gets the node's summary."""
@@ -563,7 +569,7 @@ class MqttSink(Sink):
         entry = self._inflight.pop(mid, None)
         if entry is None:
             return
-        kind, _item = entry
+        kind, item = entry
         if reason_code.is_failure:
             self.stats.errors += 1
             if log.isEnabledFor(logging.DEBUG):
@@ -574,6 +580,8 @@ class MqttSink(Sink):
             self.events_sent += 1
         elif kind == "object":
             self.objects_sent += 1
+            if isinstance(item, _Message) and item.on_delivered is not None:
+                item.on_delivered()
         # paho holds its message lock here; publish the next ones from a fresh loop callback.
         self._schedule_pump()
 

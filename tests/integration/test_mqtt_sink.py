@@ -595,16 +595,19 @@ def test_a_fleet_object_is_streamed_and_retained_on_its_own_topic_for_a_later_re
            "score": 0.9, "owner": NODE, "seen_by": [NODE], "ts": 2.5}  # fmt: skip
     with run_mosquitto() as broker:
         with collecting(broker.port, ["edgerun/fleet/objects"]) as live:
+            delivered: list[str] = []
 
             async def go() -> None:
                 sink = MqttSink(mqtt_cfg(broker.port, object_retain_s=600), NODE)
                 await sink.start()
                 await until(lambda: sink.stats.connected, what="connection")
-                sink.publish_object(obj)
+                sink.publish_object(obj, lambda: delivered.append("first"))
                 sink.publish_object({**obj, "seen_by": [NODE, "drone-9"], "ts": 3.0})  # an update: the latest stays
+                await until(lambda: sink.objects_sent >= 2, what="PUBACKs")
                 await sink.close(1.0)
 
             asyncio.run(go())
+            assert delivered == ["first"]  # once, on the broker's PUBACK of the stream message
             assert wait_for(lambda: len(live.on("edgerun/fleet/objects")) == 2)
         with collecting(broker.port, ["edgerun/fleet/objects/+"]) as late:
             assert wait_for(lambda: len(late.on(f"edgerun/fleet/objects/{obj['id']}")) >= 1)
@@ -620,3 +623,26 @@ def test_a_fleet_object_is_streamed_and_retained_on_its_own_topic_for_a_later_re
     assert done.returncode == 0, done.stderr
     rows = done.stdout.strip().splitlines()
     assert len(rows) == 2 and rows[1].startswith(obj["id"]), done.stdout
+
+
+def test_a_fleet_object_counts_as_delivered_only_once_the_broker_acknowledged_it() -> None:
+    """At-least-once reporting rests on this: while the broker is away the object waits, and the node's claims must
+    not say "reported" (peers would stay quiet about a find nobody received); the PUBACK after the reconnect says it."""
+    port = free_port()
+    obj = {"schema": "edgerun.object/2", "id": "00000000000000a1", "label": "person", "lat": 53.1, "lon": -4.1,
+           "alt_m": 100.0, "uncertainty_m": 1.0, "first_seen": 1.0, "last_seen": 1.0, "score": 0.9, "owner": NODE,
+           "seen_by": [NODE], "ts": 1.0}  # fmt: skip
+    delivered: list[float] = []
+
+    async def go() -> None:
+        sink = MqttSink(mqtt_cfg(port, object_retain_s=0), NODE)
+        await sink.start()
+        sink.publish_object(obj, lambda: delivered.append(time.monotonic()))
+        await asyncio.sleep(1.5)
+        assert delivered == [] and not sink.stats.connected  # no broker yet: not delivered, still queued
+        with run_mosquitto(port=port):
+            await until(lambda: bool(delivered), timeout=30, what="the PUBACK after the broker came up")
+            await sink.close(1.0)
+
+    asyncio.run(go())
+    assert len(delivered) == 1

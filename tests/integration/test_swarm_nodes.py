@@ -226,7 +226,8 @@ def test_swarm_timing_the_protocol_cannot_run_with_is_a_config_error(tmp_path):
     key = tmp_path / "swarm.key"
     subprocess.run([sys.executable, "-m", "edgerun", "swarm", "keygen", str(key)], check=True, capture_output=True)
     cfg = tmp_path / "node.toml"
-    cfg.write_text(f'[swarm]\nenabled = true\nkey_file = "{key}"\n[swarm.timing]\nprobe_interval_s = 0.3\n')
+    # 0.2 s is below the default ack timeout (0.25 s): a probe could never be answered in time
+    cfg.write_text(f'[swarm]\nenabled = true\nkey_file = "{key}"\n[swarm.timing]\nprobe_interval_s = 0.2\n')
     proc = subprocess.run(
         [sys.executable, "-m", "edgerun", "run", "-c", str(cfg), "--seconds", "1"],
         capture_output=True,
