@@ -570,9 +570,20 @@ class Dedup:
                 t.claim = None
 
     def forget_node(self, node: str) -> None:
-        """Drop a peer's claims at once (it died or left): another node may then own its objects."""
-        if self._peers.pop(node, None) is not None:
+        """Drop a peer's undecided claims at once (it died or left): another node may then own those objects.
+
+        Its ``reported`` claims stay (for ``window_s``, as ever): what it published stays published whatever became
+        of it, and a death that was false (a starved or cut-off member, back a second later) must not make every
+        drone that still sees its objects report them again.
+        """
+        claims = self._peers.get(node)
+        if claims is None:
+            return
+        for track in [k for k, held in claims.items() if not held.claim.reported]:
+            del claims[track]
             self._changed = True
+        if not claims:
+            del self._peers[node]
 
     def published(self, object_id: str) -> None:
         """The driver's sinks took the object ``tick`` returned under this id: its claims now say ``reported``.

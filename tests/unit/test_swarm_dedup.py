@@ -383,6 +383,28 @@ def test_a_dead_owner_hands_over_when_its_claims_are_forgotten() -> None:
     assert [o.owner for o in b.tick(1.1, WALL0 + 1.1)] == ["b"]
 
 
+def test_a_death_forgets_a_peers_undecided_claims_but_not_what_it_reported() -> None:
+    """What a node published stays published: a false death (a starved drone back a second later) must not make
+    the drones that still see its object report it again (sar-5 on a loaded machine: 2 duplicates so)."""
+    cfg = DedupConfig(hold_s=1.0, window_s=300.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(1.0, 1.0, score=0.9)], 0.0, WALL0)
+    a.observe([face(30.0, 1.0, score=0.9)], 0.0, WALL0)  # a second find a will not have reported when it "dies"
+    b.observe([face(1.0, 1.0, score=0.5)], 0.5, WALL0 + 0.5)
+    for t in (0.0, 0.5):
+        a.tick(t, WALL0 + t)
+        b.tick(t, WALL0 + t)
+    exchange(a, b, now=0.6)
+    (obj,) = [o for o in a.tick(1.0, WALL0 + 1.0) if abs(east_north(o)[0] - 1.0) < 1.0]
+    a.published(obj.id)
+    exchange(a, b, now=1.1)
+    assert b.tick(1.6, WALL0 + 1.6) == []  # covered by a's report
+    b.forget_node("a")  # the membership declared a dead
+    assert [h.reported for h in b.held_claims() if h.node == "a"] == [True]  # its report is remembered ...
+    b.observe([face(1.0, 1.0, score=0.5)], 40.0, WALL0 + 40.0)  # ... when b sees the face again later
+    assert b.tick(40.0, WALL0 + 40.0) == [] and b.tick(45.0, WALL0 + 45.0) == []
+
+
 def test_a_silent_leader_is_replaced_after_the_deferral() -> None:
     cfg = DedupConfig(hold_s=0.5, defer_s=3.0, claim_refresh_s=5.0, peer_silence_s=15.0, window_s=60.0)
     a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
