@@ -45,8 +45,8 @@ from swarm.geo import LocalFrame
 SPACING_M = 3.0
 SIDE_STEP_M = (0.0, 0.8, -0.8, 1.6, -1.6)
 TRUTH_LABEL = "face"
-# The demo scene lays faces 3-6 m apart along a lane; the node default (5 m, widened by two combined
-# sigmas of ~1 m each) would merge neighbours into one object, so the demo claims within 2 m.
+# The demo scene lays faces 3-6 m apart along a lane; the node default (5 m) would merge neighbours into
+# one object, so the demo claims within 2 m.
 DEMO_RADIUS_M = 2.0
 
 

@@ -79,7 +79,7 @@ class DedupConfig:
     # fix's wide gate must neither merge two people a few metres apart nor let one's report silence the other.
     radius_m: float = 5.0
     sigma_gate: float = 2.0  # a fix joins a track within track_gate_m widened by this many of their uncertainties,
-    max_gate_m: float = 25.0  # up to this distance
+    max_gate_m: float = 25.0  # up to this distance and radius_m
     window_s: float = 60.0  # seen within this long of each other; also how long state is kept
     hold_s: float = 0.0  # wait this long after a track's first fix for peers' claims; 0: decide at once
     # A track whose object a peer leads is reported by this node when no claim says the object was published
@@ -484,8 +484,9 @@ class Dedup:
                 if t.label != fix.label:
                     continue
                 dist = math.hypot(*ground_offset_m(t.lat, t.lon, fix.lat, fix.lon))
+                # Never wider than radius_m: a track spanning two objects would report one and cover the other.
                 gate = min(cfg.track_gate_m + cfg.sigma_gate * math.hypot(fix.sigma_m, math.sqrt(t.var_m2)),
-                           cfg.max_gate_m)  # fmt: skip
+                           cfg.max_gate_m, cfg.radius_m)  # fmt: skip
                 if dist <= gate:
                     pairs.append((dist, i, t.id))
         pairs.sort()

@@ -649,3 +649,15 @@ def test_eviction_takes_a_decided_track_first() -> None:
     node.observe([face(60.0, 0.0)], 1.1, WALL0 + 1.1)  # full: the reported track goes, not the undecided one
     assert node.stats.tracks_evicted == 1 and node.stats.orphan_reports == 0
     assert sorted(round(east_north(o)[0]) for o in decide(node, 1.2)) == [30, 60]
+
+
+def test_a_track_never_spans_two_objects() -> None:
+    # The demo's radius (2 m): a false "face" and a real one 4 m away were one track under the widened gate
+    # (2 + 2 x hypot(1, 1) = 4.8 m), which reported the first and covered the second.
+    node = Dedup("a", DedupConfig(radius_m=2.0, hold_s=0.0), now=0.0)
+    for step in range(5):
+        t = 0.1 * step
+        node.observe([face(0.0, 0.0, sigma=1.0)], t, WALL0 + t)
+        node.observe([face(4.0, 0.0, sigma=1.0)], t + 0.05, WALL0 + t + 0.05)
+    assert node.tracks == 2
+    assert sorted(round(east_north(o)[0]) for o in decide(node, 0.5)) == [0, 4]
