@@ -35,6 +35,11 @@ def test_short_bench_measures_both_sides_and_tears_down():
     ours = result["edgerun"]
     assert set(ours) == set(METRICS)
     assert ours["full_membership_s"] is not None and ours["detect_max_s"] is not None
+    # full membership from the first spawn = the members' start-up + full membership from the last one up
+    assert ours["agents_up_s"] > 0
+    assert ours["full_membership_from_spawn_s"] == pytest.approx(
+        ours["agents_up_s"] + ours["full_membership_s"], abs=0.002
+    )
     # Nobody may declare the killed member dead before a suspicion of it could have timed out (no skipped suspicion).
     assert ours["detect_p50_s"] >= suspicion_timeout(FAST["suspicion_mult"], 4, FAST["probe_interval_s"])
     assert ours["false_deaths"] == 0
