@@ -45,7 +45,8 @@ Everything expires ``window_s`` after it was last seen or heard, and every table
 has a cap, so memory is bounded under any input. A peer's unreported claim that
 goes unheard for ``peer_silence_s`` (its node died or is cut off) is dropped
 sooner; the driver may call ``forget_node`` on the membership's dead/leave
-events to do it at once, and ``resend_claims`` on join and alive events (gossip
+events to do it at once (its reported claims stay: what a dead node published
+is still published), and ``resend_claims`` on join and alive events (gossip
 reaches only the members of its moment; a late joiner or a healed side learns
 older claims from these). The driver calls ``published(object_id)`` once its
 sinks took an object ``tick`` returned; until then the object is returned again
@@ -574,9 +575,17 @@ class Dedup:
                 t.claim = None
 
     def forget_node(self, node: str) -> None:
-        """Drop a peer's claims at once (it died or left): another node may then own its objects."""
-        if self._peers.pop(node, None) is not None:
+        """Drop a peer's unreported claims at once (it died, left, or is cut off): another node then leads its
+        objects. Its reported claims stay until they expire: what it published is still published (a partition
+        declares the other side dead, and the side that forgot its reports would report them again)."""
+        claims = self._peers.get(node)
+        if claims is None:
+            return
+        for track in [k for k, h in claims.items() if not h.claim.reported]:
+            del claims[track]
             self._changed = True
+        if not claims:
+            del self._peers[node]
 
     def published(self, object_id: str) -> None:
         """The driver's sinks took the object ``tick`` returned under this id: its claims now say ``reported``.

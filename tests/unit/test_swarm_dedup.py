@@ -665,3 +665,19 @@ def test_a_peer_restart_that_reuses_a_track_id_does_not_uncover_what_it_reported
     fresh = Dedup("a", cfg, now=60.0, first_track=7)
     fresh.observe([face(80.0, 0.0)], 60.0, WALL0 + 60.0)
     assert [c.track for c in fresh.held_claims()] == [7]
+
+
+def test_what_a_dead_node_published_stays_published() -> None:
+    # sar-5: a drone reported a face 2 s before the partition; across the cut it was declared dead, and a drone
+    # of the other side that found the face 5 s later reported it again: forgetting a node forgot its reports.
+    cfg = DedupConfig(hold_s=1.0, window_s=300.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(0.0, 0.0)], 0.0, WALL0)
+    a.observe([face(30.0, 0.0)], 0.5, WALL0 + 0.5)  # held: not reported yet when a is cut off
+    assert len(decide(a, 1.0)) == 1
+    exchange(a, b, now=1.1)
+    b.forget_node("a")  # the membership declares a dead
+    assert [c.track for c in b.held_claims()] == [0]  # its report stays, its undecided claim goes
+    b.observe([face(0.3, 0.0), face(30.0, 0.2)], 5.0, WALL0 + 5.0)
+    reported = decide(b, 6.0)
+    assert [round(east_north(o)[0]) for o in reported] == [30] and b.stats.suppressed == 1
