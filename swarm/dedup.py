@@ -45,7 +45,8 @@ Everything expires ``window_s`` after it was last seen or heard, and every table
 has a cap, so memory is bounded under any input. A peer's unreported claim that
 goes unheard for ``peer_silence_s`` (its node died or is cut off) is dropped
 sooner; the driver may call ``forget_node`` on the membership's dead/leave
-events to do it at once, and ``resend_claims`` on join and alive events (gossip
+events to do it at once (its reported claims stay: what a dead node published
+is still published), and ``resend_claims`` on join and alive events (gossip
 reaches only the members of its moment; a late joiner or a healed side learns
 older claims from these). The driver calls ``published(object_id)`` once its
 sinks took an object ``tick`` returned; until then the object is returned again
@@ -445,7 +446,10 @@ class DedupStats:
 class Dedup:
     """One node's side of fleet dedup (sans-I/O; see the module docstring)."""
 
-    def __init__(self, node_id: str, cfg: DedupConfig | None = None, *, now: float) -> None:
+    def __init__(self, node_id: str, cfg: DedupConfig | None = None, *, now: float, first_track: int = 0) -> None:
+        """``first_track``: the id of this node's first track. A driver that may restart gives a new one each time
+        (the wall clock in ms, say): peers still hold the claims of the node's earlier run under their track ids,
+        and a new track under an old id would take over that claim's key (and the reports it covered)."""
         if not 1 <= len(node_id) <= 64:
             raise ValueError(f"dedup: node id must be 1-64 characters, got {len(node_id)}")
         self.node_id = node_id
@@ -454,7 +458,7 @@ class Dedup:
         self._tracks: OrderedDict[int, _Track] = OrderedDict()  # oldest last fix first
         self._peers: OrderedDict[str, dict[int, _Held]] = OrderedDict()  # least recently heard first
         self._outbox: dict[bytes, bytes] = {}
-        self._next_track = 0
+        self._next_track = first_track & 0xFFFFFFFF
         self._now = now
         self._changed = True  # claims or tracks changed since the last grouping
         self._waiting: frozenset[tuple[int, int]] = frozenset()  # own undecided tracks at the last grouping
@@ -720,6 +724,8 @@ class Dedup:
         cover = None
         if track.cover is not None:
             held = by_key.get(track.cover.key)
+            if held is not None and held.first_ms != track.cover.first_ms:
+                held = None  # another track under the same id (its node restarted): the copy says what was published
             if held is None or self._covers(held, track):
                 candidate = held or track.cover
                 if same_object(candidate, claim, self.cfg):

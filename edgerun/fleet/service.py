@@ -120,7 +120,9 @@ class FleetMember:
             )
         except ValueError as err:  # e.g. a window too short to decide a track in (hold_s + defer_s)
             raise ConfigError(f"swarm: {err}") from None
-        self.dedup = Dedup(self.node_id, dedup_cfg, now=now)
+        # Track ids from the wall clock (ms): a restarted node's new tracks do not reuse the ids of claims its
+        # peers still hold from before the restart (and the reports those cover).
+        self.dedup = Dedup(self.node_id, dedup_cfg, now=now, first_track=int(time.time() * 1000))
         self.agent = SwarmAgent(
             self.node_id, self.bind, timing, self.keyring, meta=encode_meta(self._meta()), seeds=self.seeds
         )

@@ -661,3 +661,45 @@ def test_a_track_never_spans_two_objects() -> None:
         node.observe([face(4.0, 0.0, sigma=1.0)], t + 0.05, WALL0 + t + 0.05)
     assert node.tracks == 2
     assert sorted(round(east_north(o)[0]) for o in decide(node, 0.5)) == [0, 4]
+
+
+def test_a_peer_restart_that_reuses_a_track_id_does_not_uncover_what_it_reported() -> None:
+    cfg = DedupConfig(hold_s=0.0, window_s=300.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(0.0, 0.0)], 0.0, WALL0)
+    assert len(decide(a, 0.0)) == 1
+    exchange(a, b, now=0.1)
+    b.observe([face(0.2, 0.0)], 1.0, WALL0 + 1.0)
+    assert decide(b, 1.0) == [] and b.stats.suppressed == 1
+    # a restarts (sar-5 cuts one drone's power) and counts its tracks from 0 again: its new track, elsewhere,
+    # replaces the claim b holds under that key. b's track stays covered by what a published before.
+    restarted = Dedup("a", cfg, now=50.0)
+    restarted.observe([face(80.0, 0.0)], 50.0, WALL0 + 50.0)
+    restarted.tick(50.0, WALL0 + 50.0)
+    exchange(restarted, b, now=50.1)
+    assert [c.first_ms for c in b.held_claims() if c.node == "a"] == [int((WALL0 + 50.0) * 1000)]
+    for step in range(10):
+        t = 51.0 + step
+        b.observe([face(0.2, 0.0)], t, WALL0 + t)
+        assert decide(b, t) == []
+    assert b.stats.uncovered == 0
+    # A driver that may restart numbers its tracks from a new base (edgerun's fleet service: the wall clock in ms).
+    fresh = Dedup("a", cfg, now=60.0, first_track=7)
+    fresh.observe([face(80.0, 0.0)], 60.0, WALL0 + 60.0)
+    assert [c.track for c in fresh.held_claims()] == [7]
+
+
+def test_what_a_dead_node_published_stays_published() -> None:
+    # sar-5: a drone reported a face 2 s before the partition; across the cut it was declared dead, and a drone
+    # of the other side that found the face 5 s later reported it again: forgetting a node forgot its reports.
+    cfg = DedupConfig(hold_s=1.0, window_s=300.0)
+    a, b = Dedup("a", cfg, now=0.0), Dedup("b", cfg, now=0.0)
+    a.observe([face(0.0, 0.0)], 0.0, WALL0)
+    a.observe([face(30.0, 0.0)], 0.5, WALL0 + 0.5)  # held: not reported yet when a is cut off
+    assert len(decide(a, 1.0)) == 1
+    exchange(a, b, now=1.1)
+    b.forget_node("a")  # the membership declares a dead
+    assert [c.track for c in b.held_claims()] == [0]  # its report stays, its undecided claim goes
+    b.observe([face(0.3, 0.0), face(30.0, 0.2)], 5.0, WALL0 + 5.0)
+    reported = decide(b, 6.0)
+    assert [round(east_north(o)[0]) for o in reported] == [30] and b.stats.suppressed == 1
