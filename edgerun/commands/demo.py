@@ -49,6 +49,10 @@ def _swarm_demo(args: argparse.Namespace, out_dir: Path, mqtt: str | None, live:
     failed = {name: code for name, code in summary["exit_codes"].items() if code != 0}
     if failed:
         print(f"edgerun demo: drones exited with {failed}; see {out_dir}/drone-*/node.log", file=sys.stderr)
+        for name in failed:  # the reason, where the drone left one: its log's last line
+            lines = (out_dir / name / "node.log").read_text(errors="replace").strip().splitlines()
+            if lines:
+                print(f"  {name}: {lines[-1]}", file=sys.stderr)
         return 1
     return 0
 

@@ -305,11 +305,19 @@ def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, br
             120,
         )
         until(driver, "three drones on the map", lambda: len(page(driver, DRONES_JS)) == 3, rig)
+
+        def latest_poses() -> dict[str, dict]:
+            poses = {}
+            for message in seen.snapshot():
+                doc = json.loads(message.payload)
+                poses[doc["node"]] = doc["pose"]
+            return poses
+
+        # The page may show all three before this subscriber heard each drone once (a CI run on a busy
+        # machine did): wait for a frame from each, then compare page and broker at one moment.
+        until(driver, "a frame from every drone on the broker", lambda: set(latest_poses()) == set(NODES), rig, 30)
         drones = {d["id"]: d for d in page(driver, DRONES_JS)}
-        latest = {}
-        for message in seen.snapshot():
-            doc = json.loads(message.payload)
-            latest[doc["node"]] = doc["pose"]
+        latest = latest_poses()
     assert set(drones) == set(NODES) == set(latest)
     for name, drone in drones.items():
         assert 0 < drone["east"] < 40 and 0 < drone["north"] < 40, drone
