@@ -8,18 +8,29 @@ preprocessor's job (``Letterbox.to_source``), so decoders never know frame sizes
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from edgerun.engines.base import TensorSpec
+from edgerun.errors import ModelError
 from edgerun.types import Detections
+
+
+def describe_tensor(spec: TensorSpec) -> str:
+    """How errors name a tensor: its name and shape, e.g. ``'output0' [1, 84, 8400]``."""
+    return f"{spec.name!r} [{', '.join(str(d) for d in spec.shape)}]"
 
 
 class Decoder(ABC):
     """Turns one frame's output tensors into detections. Vectorised, no per-box Python loop."""
 
     KEY: ClassVar[str]
+    # How many labels the class ids index into, and the tensor that says so; None where the
+    # decoder cannot tell from the tensors (the model's post-process op decides the ids).
+    label_count: int | None = None
+    classes_from: str = ""
 
     def __init__(self, params: dict[str, Any], input_spec: TensorSpec, output_specs: list[TensorSpec]) -> None:
         self.params = params
@@ -29,6 +40,14 @@ class Decoder(ABC):
     def clone(self) -> Decoder:
         """An independent decoder for another worker thread (decoders keep per-call scratch buffers)."""
         return type(self)(self.params, self.input_spec, self.output_specs)
+
+    def check_labels(self, labels: Sequence[str]) -> None:
+        """Refuse labels that do not match the model's classes: one label too few shifts every class."""
+        if labels and self.label_count is not None and len(labels) != self.label_count:
+            raise ModelError(
+                f"labels: {len(labels)} labels for the {self.label_count} classes of {self.KEY} "
+                f"output {self.classes_from}"
+            )
 
     @abstractmethod
     def decode(self, outputs: list[np.ndarray]) -> Detections:

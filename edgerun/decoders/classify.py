@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.decoders.base import Decoder
+from edgerun.decoders.base import Decoder, describe_tensor
 from edgerun.decoders.params import ParamReader
 from edgerun.engines.base import TensorSpec
 from edgerun.errors import ModelError
@@ -54,6 +54,9 @@ class ClassifyDecoder(Decoder):
                 f"{self.KEY}: label_offset {self.label_offset} leaves no class of the {self.num_classes} outputs"
             )
         self._k = min(self._k, self.num_classes - self._first_class)
+        # Ids run from max(0, label_offset) to num_classes - 1 + label_offset.
+        self.label_count = self.num_classes + self.label_offset
+        self.classes_from = describe_tensor(spec)
         self._probs = np.empty((self.num_classes,), np.float32)
 
     def decode(self, outputs: list[np.ndarray]) -> Detections:

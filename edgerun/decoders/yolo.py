@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edgerun.decoders.base import Decoder
+from edgerun.decoders.base import Decoder, describe_tensor
 from edgerun.decoders.nms import hard_nms
 from edgerun.decoders.params import ParamReader
 from edgerun.engines.base import TensorSpec
@@ -25,9 +25,20 @@ from edgerun.types import Detections
 # (0..1, with room for boxes that spill over the edge), otherwise as input pixels.
 NORMALIZED_AUTO_LIMIT = 1.5
 
+# Output strides of the heads YOLOv5 and Ultralytics build: P3-P5 (the usual), P3-P6 ("-p6"), P2-P5 ("-p2").
+STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64), (4, 8, 16, 32))
+
+# An end-to-end head's rows: x1, y1, x2, y2, score, class, after the model's own NMS.
+END_TO_END_VALUES = 6
+
 
 def _shapes(specs: list[TensorSpec]) -> str:
     return "[" + ", ".join(str(tuple(s.shape)) for s in specs) + "]"
+
+
+def grid_boxes(height: int, width: int, strides: tuple[int, ...]) -> int:
+    """Grid cells over all output strides: the boxes a YOLO head predicts per anchor."""
+    return sum(math.ceil(height / s) * math.ceil(width / s) for s in strides)
 
 
 class _YoloDecoder(Decoder):
@@ -42,6 +53,9 @@ class _YoloDecoder(Decoder):
 
     # Values per box ahead of the class scores: 5 for v5 (with objectness), 4 for v8.
     HEAD: ClassVar[int]
+    # Boxes per grid cell: YOLOv5/v7 have 3 anchors, anchor-free heads (YOLOX, YOLOv8/11) one.
+    ANCHORS_PER_CELL: ClassVar[tuple[int, ...]]
+    FAMILY: ClassVar[str]
 
     def __init__(self, params: dict[str, Any], input_spec: TensorSpec, output_specs: list[TensorSpec]) -> None:
         super().__init__(params, input_spec, output_specs)
@@ -60,12 +74,21 @@ class _YoloDecoder(Decoder):
         if len(input_spec.shape) != 4:
             raise ModelError(f"{self.KEY}: expected an image input [1, H, W, 3], got {tuple(input_spec.shape)}")
         self.input_h, self.input_w = input_spec.image_hw
+        self.grid_sizes = {
+            m * grid_boxes(self.input_h, self.input_w, strides)
+            for m in self.ANCHORS_PER_CELL
+            for strides in STRIDE_SETS
+        }
 
         heads = [i for i, s in enumerate(output_specs) if len(s.shape) == 3 and s.shape[0] == 1]
         if not heads:
             raise ModelError(
                 f"{self.KEY}: expected a [1, ...] head output of rank 3, got shapes {_shapes(output_specs)}"
             )
+        if len(output_specs) != 1:
+            # Segmentation (mask prototypes) and pose heads carry more than boxes and classes.
+            named = ", ".join(describe_tensor(s) for s in output_specs)
+            raise ModelError(f"{self.KEY}: expected one head output, got {len(output_specs)}: {named}")
         self._index = heads[0]
         self._spec = output_specs[self._index]
         rows, values = self._layout(self._spec.shape, expected_classes)
@@ -81,12 +104,29 @@ class _YoloDecoder(Decoder):
                 f"{self.KEY}: head output {tuple(self._spec.shape)} has {self.num_classes} classes "
                 f"but num_classes is {expected_classes}"
             )
+        if rows not in self.grid_sizes:
+            raise ModelError(self._not_a_grid(rows, values))
+        self.label_count = self.num_classes
+        self.classes_from = describe_tensor(self._spec)
         self._raw_threshold = self._threshold_in_raw_domain(self.min_score_thresh)
         self._mask = np.empty((self.num_boxes,), np.bool_)
 
     def _layout(self, shape: tuple[int, ...], expected_classes: int) -> tuple[int, int]:
         """(boxes, values per box) of the head output."""
         raise NotImplementedError
+
+    def _not_a_grid(self, rows: int, values: int) -> str:
+        """Why a head whose box count fits no grid of this input is refused, naming what it looks like."""
+        usual = self.ANCHORS_PER_CELL[0] * grid_boxes(self.input_h, self.input_w, STRIDE_SETS[0])
+        text = (
+            f"{self.KEY}: head output {describe_tensor(self._spec)} has {rows} boxes, not a {self.FAMILY} grid "
+            f"of a {self.input_w}x{self.input_h} input ({usual} with strides 8, 16, 32)"
+        )
+        if values == END_TO_END_VALUES:
+            return text + "; [1, N, 6] is an end-to-end head (YOLOv10, YOLO26: boxes after NMS), not decoded yet"
+        if rows % 3 == 0 and rows // 3 in grid_sizes_v8(self.input_h, self.input_w):
+            return text + "; 3 boxes per cell is a YOLOv5 head: use decoder kind yolov5"
+        return text
 
     def _threshold_in_raw_domain(self, threshold: float) -> float:
         """The raw value a score must reach; for quantised outputs, the smallest passing integer."""
@@ -134,9 +174,18 @@ class YOLOv5Decoder(_YoloDecoder):
 
     KEY = "yolov5"
     HEAD = 5
+    ANCHORS_PER_CELL = (3, 1)
+    FAMILY = "YOLOv5"
 
     def _layout(self, shape: tuple[int, ...], expected_classes: int) -> tuple[int, int]:
-        return int(shape[1]), int(shape[2])
+        rows, values = int(shape[1]), int(shape[2])
+        if rows not in self.grid_sizes and values in grid_sizes_v8(self.input_h, self.input_w):
+            # [1, 4 + C, N]: decoding it as rows would read box coordinates as class scores.
+            raise ModelError(
+                f"{self.KEY}: head output {describe_tensor(self._spec)} is [1, 4 + C, N] with {values} boxes, "
+                f"a YOLOv8/11 head: use decoder kind yolov8"
+            )
+        return rows, values
 
     def decode(self, outputs: list[np.ndarray]) -> Detections:
         head = outputs[self._index].reshape(self.num_boxes, self.HEAD + self.num_classes)
@@ -160,6 +209,8 @@ class YOLOv8Decoder(_YoloDecoder):
 
     KEY = "yolov8"
     HEAD = 4
+    ANCHORS_PER_CELL = (1,)
+    FAMILY = "YOLOv8"
 
     def __init__(self, params: dict[str, Any], input_spec: TensorSpec, output_specs: list[TensorSpec]) -> None:
         self._channels_first = True  # set by _layout during the base class's checks
@@ -172,6 +223,8 @@ class YOLOv8Decoder(_YoloDecoder):
         if expected_classes:
             values = self.HEAD + expected_classes
             self._channels_first = a == values or b != values
+        elif (a in self.grid_sizes) != (b in self.grid_sizes):
+            self._channels_first = b in self.grid_sizes  # the axis whose length is a grid holds the boxes
         else:
             self._channels_first = a <= b
         return (b, a) if self._channels_first else (a, b)
@@ -193,3 +246,8 @@ class YOLOv8Decoder(_YoloDecoder):
         class_ids = np.argmax(rows[:, self.HEAD :], axis=1).astype(np.int32)
         scores = rows[np.arange(candidates.size), self.HEAD + class_ids]
         return self._finish(rows[:, :4], scores, class_ids)
+
+
+def grid_sizes_v8(height: int, width: int) -> set[int]:
+    """Box counts of anchor-free heads (YOLOv8/11) for an input of ``height`` x ``width``."""
+    return {grid_boxes(height, width, strides) for strides in STRIDE_SETS}

@@ -497,7 +497,8 @@ YOLO_EXPECTED_SCORES = [0.95 * 0.99, 0.9 * 0.8, 0.9 * 0.7]
 YOLO_EXPECTED_CLASSES = [2, 1, 0]
 
 
-def yolov5_head(normalised: bool = False, padding: int = 94) -> np.ndarray:
+def yolov5_head(normalised: bool = False, padding: int = 8394) -> np.ndarray:
+    """8400 rows: the grid of a 640x640 input at strides 8, 16, 32 (decoders refuse other box counts)."""
     rows = YOLO_ROWS.copy()
     if normalised:
         rows[:, :4] /= 640
@@ -629,8 +630,8 @@ def test_classify_rejects_other_shapes():
     [
         ("mediapipe_ssd", BLAZEFACE_SHORT_PARAMS, [(1, 896, 16), (1, 896, 1)]),
         ("tflite_ssd", {}, [(1, 10, 4), (1, 10), (1, 10), (1,)]),
-        ("yolov5", {}, [(1, 100, 8)]),
-        ("yolov8", {}, [(1, 7, 100)]),
+        ("yolov5", {}, [(1, 3 * 336, 8)]),  # 336 cells in the grid of a 128x128 input
+        ("yolov8", {}, [(1, 7, 336)]),
         ("classify", {}, [(1, 6)]),
     ],
 )
@@ -638,3 +639,55 @@ def test_every_decoder_accepts_min_score_thresh(key, params, outputs):
     specs = [spec(f"o{i}", shape) for i, shape in enumerate(outputs)]
     decoder = decoder_class(key)(dict(params, min_score_thresh=0.42), image_spec(128, 128), specs)
     assert decoder.min_score_thresh == pytest.approx(0.42)
+
+
+# ---- load-time checks: the head a decoder is given, and the labels against its classes --------
+
+
+def test_yolo_decoders_refuse_the_other_familys_head_naming_the_tensor():
+    with pytest.raises(
+        ModelError,
+        match=r"^yolov5: head output 'output0' \[1, 84, 8400\] is \[1, 4 \+ C, N\] with 8400 boxes, "
+        r"a YOLOv8/11 head: use decoder kind yolov8$",
+    ):
+        YOLOv5Decoder({}, image_spec(640, 640), [spec("output0", (1, 84, 8400))])
+    with pytest.raises(
+        ModelError,
+        match=r"^yolov8: head output 'output0' \[1, 25200, 85\] has 25200 boxes, not a YOLOv8 grid of a 640x640 "
+        r"input \(8400 with strides 8, 16, 32\); 3 boxes per cell is a YOLOv5 head: use decoder kind yolov5$",
+    ):
+        YOLOv8Decoder({}, image_spec(640, 640), [spec("output0", (1, 25200, 85))])
+
+
+def test_yolo_decoders_refuse_end_to_end_and_multi_output_heads():
+    with pytest.raises(ModelError, match=r"\[1, N, 6\] is an end-to-end head \(YOLOv10, YOLO26"):
+        YOLOv8Decoder({}, image_spec(640, 640), [spec("output0", (1, 300, 6))])
+    with pytest.raises(ModelError, match=r"end-to-end head"):
+        YOLOv5Decoder({}, image_spec(640, 640), [spec("output0", (1, 300, 6))])
+    seg = [spec("output0", (1, 116, 8400)), spec("output1", (1, 32, 160, 160))]
+    with pytest.raises(ModelError, match=r"^yolov8: expected one head output, got 2: 'output0' \[1, 116, 8400\], "):
+        YOLOv8Decoder({}, image_spec(640, 640), seg)
+
+
+def test_yolo_p6_and_p2_grids_are_accepted():
+    YOLOv8Decoder({}, image_spec(640, 640), [spec("o", (1, 84, 8500))])  # strides 8..64
+    YOLOv8Decoder({}, image_spec(640, 640), [spec("o", (1, 84, 34000))])  # strides 4..32
+    YOLOv5Decoder({}, image_spec(640, 640), [spec("o", (1, 25500, 85))])  # 3 anchors, strides 8..64
+
+
+def test_label_count_is_checked_against_the_heads_classes():
+    yolo = YOLOv8Decoder({}, image_spec(640, 640), [spec("output0", (1, 84, 8400))])
+    yolo.check_labels(["x"] * 80)
+    yolo.check_labels([])  # a bundle without labels publishes class ids only
+    with pytest.raises(
+        ModelError, match=r"^labels: 79 labels for the 80 classes of yolov8 output 'output0' \[1, 84, 8400\]$"
+    ):
+        yolo.check_labels(["x"] * 79)
+    # 1001 outputs with the background class dropped: 1000 labels.
+    imagenet = ClassifyDecoder({"label_offset": -1}, image_spec(224, 224), [spec("probs", (1, 1001))])
+    imagenet.check_labels(["x"] * 1000)
+    with pytest.raises(ModelError, match=r"^labels: 1001 labels for the 1000 classes of classify output 'probs'"):
+        imagenet.check_labels(["x"] * 1001)
+    ssd_outputs = [spec("boxes", (1, 10, 4)), spec("classes", (1, 10)), spec("scores", (1, 10)), spec("n", (1,))]
+    ssd = TFLiteSSDDecoder({}, image_spec(300, 300), ssd_outputs)
+    ssd.check_labels(["x"] * 3)  # the post-process op decides the ids: nothing to count against
