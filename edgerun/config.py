@@ -99,7 +99,7 @@ class ModelConfig(Section):
 
 
 class EngineConfig(Section):
-    # Failover candidates in order; the CPU "tflite" engine is always appended last.
+    # Failover candidates in order; the bundle's CPU engine ("tflite", else "onnx" on the CPU) is always appended last.
     order: list[str] = msgspec.field(default_factory=lambda: ["tflite"])
     num_threads: NonNegInt = 0  # CPU threads per interpreter; 0: cores / replicas
     # CPU tflite: interpreters run side by side, one frame each; 0: one per core (single-threaded each).

@@ -61,7 +61,7 @@ def add_model_parser(sub: Any) -> None:
     msub = model.add_subparsers(dest="model_command", required=True)
     inspect = msub.add_parser("inspect", help="print tensors, quantisation, decoder and a warm-up timing")
     inspect.add_argument("path", help="bundle directory or .tar")
-    inspect.add_argument("--engine", default="tflite")
+    inspect.add_argument("--engine", default=None, help="the variant to run (default: the CPU fallback)")
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(func=cmd_model_inspect)
     fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")

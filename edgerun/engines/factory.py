@@ -29,6 +29,7 @@ def build_runtime(
     if score_threshold is not None:
         params["min_score_thresh"] = score_threshold
     decoder = decoder_class(bundle.manifest.decoder.kind)(params, engine.input_spec, engine.output_specs)
+    decoder.check_labels(bundle.labels)
     preprocessor = Preprocessor(bundle.manifest.preprocess, engine.input_spec, *frame_size)
     return ModelRuntime(engine, preprocessor, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels))
 
@@ -65,17 +66,25 @@ def open_failover(
     health: Health | None = None,
     on_event: EventCallback | None = None,
 ) -> Failover:
-    """The failover controller over ``engine.order`` for ``bundle``; call ``start()`` to open the engines."""
-    order = list(dict.fromkeys([*cfg.engine.order, LAST_RESORT]))
+    """The failover controller over ``engine.order`` for ``bundle``; call ``start()`` to open the engines.
+
+    The last resort is the bundle's CPU engine (``ModelBundle.cpu_engine``): TFLite, or ONNX Runtime
+    held to its CPU provider, so a node with onnxruntime-gpu still has a fallback that needs no GPU.
+    """
+    last_resort = bundle.cpu_engine
+    order = list(dict.fromkeys([*cfg.engine.order, last_resort]))
     absent = {key: f"bundle has no {key} variant" for key in order if bundle.variant_path(key) is None}
-    behind_accelerator = any(key != LAST_RESORT and key not in absent for key in order)
+    behind_accelerator = any(key != last_resort and key not in absent for key in order)
 
     def open_runtime(key: str) -> ModelRuntime:
         path = bundle.variant_path(key)
         assert path is not None
-        if key == LAST_RESORT:
+        if key == last_resort == LAST_RESORT:
             threads, replicas = cpu_engine_layout(cfg, fallback=behind_accelerator)
             options = EngineOptions(num_threads=threads, replicas=replicas)
+        elif key == last_resort:
+            # One ONNX Runtime session with its own thread pool: replicas are a TFLite layout.
+            options = EngineOptions(num_threads=cfg.engine.num_threads, device="cpu")
         else:
             # state_dir: where ONNX Runtime's TensorRT provider caches the engines it builds
             extra = {"state_dir": cfg.engine.state_dir}
@@ -94,7 +103,16 @@ def open_failover(
         reprobe_max_s=ecfg.reprobe_max_s,
     )
     # Breadcrumbs only where an engine other than the CPU last resort can run.
-    watched = [key for key in order if key != LAST_RESORT and key not in absent]
+    watched = [key for key in order if key != last_resort and key not in absent]
     state_dir = Path(ecfg.state_dir) if ecfg.state_dir else default_state_dir()
     crumbs = Breadcrumbs.shared(state_dir) if watched else None
-    return Failover(order, open_runtime, settings, absent=absent, health=health, on_event=on_event, breadcrumbs=crumbs)
+    return Failover(
+        order,
+        open_runtime,
+        settings,
+        absent=absent,
+        health=health,
+        on_event=on_event,
+        breadcrumbs=crumbs,
+        last_resort=last_resort,
+    )

@@ -1,7 +1,7 @@
 """Failover between inference back ends, so a node keeps detecting when its accelerator dies.
 
-``Failover`` holds the ordered candidates of ``engine.order`` (the CPU
-``tflite`` engine always last) as whole model runtimes: back ends may need
+``Failover`` holds the ordered candidates of ``engine.order`` (the bundle's CPU
+engine, ``tflite`` or else ``onnx``, always last) as whole model runtimes: back ends may need
 other preprocessing (NCHW for ONNX/TensorRT, quantised input for the Edge
 TPU), so failing over means swapping the pipeline's ``ModelRuntime`` between
 two frames, not just its engine.
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The CPU last resort when the caller names none (a bundle without TFLite names "onnx").
 LAST_RESORT = "tflite"
 HANG_P99_MULTIPLE = 10.0
 HANG_FLOOR_S = 0.25
@@ -169,7 +170,8 @@ class Failover:
     its runtime (``edgerun.engines.factory.build_runtime``); it raises ModelError when the
     model does not load there (never re-probed) and EngineError when the back
     end is unusable (re-probed). Keys the bundle has no variant for are passed
-    in ``absent`` (key -> why) and never opened.
+    in ``absent`` (key -> why) and never opened. ``last_resort`` is the CPU back
+    end appended last (the bundle's ``cpu_engine``).
     """
 
     def __init__(
@@ -182,15 +184,16 @@ class Failover:
         health: ProblemReporter | None = None,
         on_event: EventCallback | None = None,
         breadcrumbs: Breadcrumbs | None = None,
+        last_resort: str = LAST_RESORT,
     ) -> None:
-        keys = list(dict.fromkeys([*order, LAST_RESORT]))
+        keys = list(dict.fromkeys([*order, last_resort]))
         self.settings = settings or FailoverSettings()
         self._open_runtime = open_runtime
         self._health = health
         self._on_event = on_event
         self._crumbs = breadcrumbs
         fixed = self.settings.hang_deadline_s
-        self.candidates = [Candidate(k, i, k == LAST_RESORT, fixed) for i, k in enumerate(keys)]
+        self.candidates = [Candidate(k, i, k == last_resort, fixed) for i, k in enumerate(keys)]
         for cand in self.candidates:
             if absent and cand.key in absent and not cand.last_resort:
                 cand.state, cand.reason = ABSENT, absent[cand.key]

@@ -1,8 +1,9 @@
 """Model bundles: a directory (or .tar of one) with ``model.toml`` and one file per variant.
 
 ``model.toml`` says what the model is (name, version, task, labels), how to
-feed it (preprocessing) and how to read it (decoder and its parameters). The
-CPU ``.tflite`` variant is required: it is what every node can fall back to.
+feed it (preprocessing) and how to read it (decoder and its parameters). A CPU
+variant is required, ``tflite`` or ``onnx`` (ONNX Runtime's CPU provider): it is
+what every node can fall back to (``ModelBundle.cpu_engine``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from edgerun.errors import ConfigError, ModelError
 from edgerun.tomlfile import load_toml
 
 MANIFEST = "model.toml"
+
+# Variants every node can run on its CPU, in the order the fallback is chosen among them: TFLite
+# first (XNNPACK, and int8 models run on it as exported), then ONNX Runtime's CPU provider.
+CPU_ENGINES = ("tflite", "onnx")
 
 
 class PreprocessSpec(Section):
@@ -75,6 +80,11 @@ class ModelBundle:
     def labels(self) -> tuple[str, ...]:
         return tuple(self.manifest.labels)
 
+    @property
+    def cpu_engine(self) -> str:
+        """The back end of the CPU fallback: the first of ``CPU_ENGINES`` the bundle has a variant for."""
+        return next(key for key in CPU_ENGINES if key in self.manifest.variants)
+
     def variant_path(self, engine_key: str) -> Path | None:
         """The model file for a back end, or None when the bundle has no such variant."""
         name = self.manifest.variants.get(engine_key)
@@ -114,8 +124,8 @@ def load_bundle(path: str | Path, extract_dir: Path | None = None) -> ModelBundl
         manifest = msgspec.convert(data, BundleManifest)
     except msgspec.ValidationError as err:
         raise ModelError(f"{manifest_path}: {_message(err, data, BundleManifest)}") from None
-    if "tflite" not in manifest.variants:
-        raise ModelError(f"{manifest_path}: variants.tflite is required (the CPU fallback)")
+    if not any(key in manifest.variants for key in CPU_ENGINES):
+        raise ModelError(f"{manifest_path}: variants needs tflite or onnx (the CPU fallback)")
     for key, name in manifest.variants.items():
         file = path / name
         if Path(name).is_absolute() or ".." in Path(name).parts:

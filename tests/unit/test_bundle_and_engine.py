@@ -64,7 +64,11 @@ def test_bundle_errors_are_specific(tmp_path, blazeface_bundle):
         load_bundle(copy)
     text = (copy / "model.toml").read_text().replace('tflite = "model.tflite"', 'onnx = "model.onnx"')
     (copy / "model.toml").write_text(text)
-    with pytest.raises(ModelError, match="variants.tflite is required"):
+    with pytest.raises(ModelError, match="variants.onnx: file 'model.onnx' is missing"):
+        load_bundle(copy)  # an onnx variant is a CPU fallback too
+    text = (copy / "model.toml").read_text().replace('onnx = "model.onnx"', 'edgetpu = "model_edgetpu.tflite"')
+    (copy / "model.toml").write_text(text)
+    with pytest.raises(ModelError, match=r"variants needs tflite or onnx \(the CPU fallback\)"):
         load_bundle(copy)
     (copy / "model.toml").write_text('name = "x"\nversion = -1\n[decoder]\nkind = "k"\n[variants]\n')
     with pytest.raises(ModelError, match="version: expected int >= 0, got -1"):
