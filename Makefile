@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 # Re-install when the dependency list changes.
 INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
+# Real model files exported by others, imported by the tests of `edgerun model import` (#22).
+SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx
 SECONDS ?= 8
 
 .PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
@@ -22,7 +24,10 @@ venv: $(INSTALLED)
 $(MODELS): $(INSTALLED) edgerun/models/demo.py
 	$(BIN)/edgerun model fetch-demo
 
-models: $(MODELS)
+$(SAMPLES): $(INSTALLED) edgerun/models/samples.py
+	$(BIN)/edgerun model fetch-sample
+
+models: $(MODELS) $(SAMPLES)
 
 # Debian packages the tests run for real (.ci/install-system-deps says which and why); needs root or sudo.
 system-deps:
@@ -35,7 +40,7 @@ demo: $(MODELS)
 	-@bash .ci/install-system-deps demo
 	$(BIN)/edgerun demo --seconds 20 --out out/demo --local-broker --dds
 
-test: $(MODELS) system-deps
+test: $(MODELS) $(SAMPLES) system-deps
 	$(BIN)/python -m pytest -q
 
 # Python property tests (hypothesis; not the MCU's libFuzzer, that is mcu-fuzz) with fresh random examples,

