@@ -1,4 +1,4 @@
-"""``edgerun model inspect | fetch-demo | fetch-sample | build-trt | check-mcu``: model bundles."""
+"""``edgerun model import | inspect | fetch-demo | fetch-sample | build-trt | check-mcu``: model bundles."""
 
 from __future__ import annotations
 
@@ -19,6 +19,22 @@ def cmd_model_inspect(args: argparse.Namespace) -> int:
         from edgerun.models.inspect import format_report
 
         print(format_report(report))
+    return 0
+
+
+def cmd_model_import(args: argparse.Namespace) -> int:
+    from edgerun.models.importer import import_model
+
+    result = import_model(
+        args.model,
+        args.out,
+        labels_file=args.labels,
+        decoder=args.decoder,
+        input_size=args.input,
+        name=args.name,
+        version=args.version,
+    )
+    print(result.format())
     return 0
 
 
@@ -67,6 +83,15 @@ def cmd_model_build_trt(args: argparse.Namespace) -> int:
 def add_model_parser(sub: Any) -> None:
     model = sub.add_parser("model", help="model bundles")
     msub = model.add_subparsers(dest="model_command", required=True)
+    imp = msub.add_parser("import", help="write a bundle from what a model file says about itself (.onnx)")
+    imp.add_argument("model", help="the model file (an Ultralytics or other ONNX export)")
+    imp.add_argument("--out", required=True, help="the bundle directory to write")
+    imp.add_argument("--labels", default=None, help="class names, one a line (default: from the file's metadata)")
+    imp.add_argument("--decoder", default=None, help="yolov5, yolov8, tflite_ssd, classify (default: from the outputs)")
+    imp.add_argument("--input", default=None, metavar="WxH", help="input size for dynamic dims (default: imgsz)")
+    imp.add_argument("--name", default=None, help="bundle name (default: the file's stem)")
+    imp.add_argument("--version", type=int, default=None, help="bundle version (default 1)")
+    imp.set_defaults(func=cmd_model_import)
     inspect = msub.add_parser("inspect", help="print tensors, quantisation, decoder and a warm-up timing")
     inspect.add_argument("path", help="bundle directory or .tar")
     inspect.add_argument("--engine", default=None, help="the variant to run (default: the CPU fallback)")
