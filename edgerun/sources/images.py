@@ -6,6 +6,12 @@ is a single ``np.copyto`` into the pooled buffer, so what is measured is the
 pipeline, not JPEG decoding or disk. Preloading is bounded (1 GiB by default)
 and refused with a clear message above that. Without ``preload`` a directory
 is decoded file by file and a video plays through ``OpenCvSource``.
+
+Frames share one size (the pipeline's pooled buffers): the first image's, or
+``width``/``height``. A directory's images of another shape are letterboxed into
+it (scaled to fit, centred, black bars), never stretched, so a detector sees
+every photo with its own proportions; each frame names its file in
+``FrameMeta.source``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,24 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp"})
 MAX_PRELOAD_BYTES = 1 << 30
+
+
+def letterbox_into(frame: np.ndarray, image: np.ndarray) -> None:
+    """Copy ``frame`` into ``image`` keeping its aspect ratio: scaled to fit, centred, black bars."""
+    if frame.ndim == 2 or frame.shape[2] == 1:
+        frame = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
+    elif frame.shape[2] == 4:
+        frame = cv2.cvtColor(frame, cv2.COLOR_BGRA2BGR)
+    h, w = image.shape[:2]
+    fh, fw = frame.shape[:2]
+    scale = min(w / fw, h / fh)
+    new_w, new_h = max(1, min(w, round(fw * scale))), max(1, min(h, round(fh * scale)))
+    if (new_w, new_h) == (w, h):
+        fit_into(frame, image)
+        return
+    x, y = (w - new_w) // 2, (h - new_h) // 2
+    image[...] = 0
+    fit_into(frame, image[y : y + new_h, x : x + new_w])
 
 
 def _size_text(nbytes: int) -> str:
@@ -137,14 +161,14 @@ class ImagesSource(Source):
     def _preload_files(self, first: np.ndarray) -> None:
         self._check_budget(len(self._files), "files")
         block = np.empty((len(self._files), self.height, self.width, 3), np.uint8)
-        fit_into(first, block[0])
+        letterbox_into(first, block[0])
         count = 1
         readable = [self._files[0]]
         for path in self._files[1:]:
             image = self._imread(path)
             if image is None:
                 continue
-            fit_into(image, block[count])
+            letterbox_into(image, block[count])
             readable.append(path)
             count += 1
         self._files = readable
@@ -206,10 +230,10 @@ class ImagesSource(Source):
 
     # -- frames ------------------------------------------------------------------
 
-    def _meta(self, seq: int, image: np.ndarray) -> FrameMeta:
+    def _meta(self, seq: int, image: np.ndarray, source: Path) -> FrameMeta:
         h, w = image.shape[:2]
         return FrameMeta(
-            seq=seq, source=str(self.path), width=w, height=h, wall_time=time.time(), t_capture=time.monotonic()
+            seq=seq, source=str(source), width=w, height=h, wall_time=time.time(), t_capture=time.monotonic()
         )
 
     def read(self, image: np.ndarray, seq: int) -> FrameMeta | None:
@@ -224,8 +248,10 @@ class ImagesSource(Source):
                     return None
                 self._index = 0
             fit_into(self._frames[self._index], image)
+            # Preloaded files are named by file; a preloaded video by its path.
+            source = self._files[self._index] if self._files else self.path
             self._index += 1
-            return self._meta(seq, image)
+            return self._meta(seq, image, source)
         return self._read_file(image, seq)
 
     def skip(self, count: int) -> int:
@@ -254,7 +280,8 @@ class ImagesSource(Source):
             if decoded is None:
                 self._files.pop(self._index)
                 continue
+            path = self._files[self._index]
             self._index += 1
-            fit_into(decoded, image)
-            return self._meta(seq, image)
+            letterbox_into(decoded, image)
+            return self._meta(seq, image, path)
         raise SourceError(f"images: none of the files in {str(self.path)!r} can be read any more")

@@ -348,12 +348,21 @@ def photo_dir(tmp_path, astronaut_rgb, camera_rgb) -> Path:
     return d
 
 
+PHOTO_FILES = ("a_astronaut.png", "c_coffee.jpg", "d_camera.bmp")  # the readable ones, in play order
+
+
 def expected_frames(d: Path, w: int, h: int) -> list[np.ndarray]:
+    """Each photo letterboxed into w x h: scaled to fit with its own proportions, centred, black bars."""
     out = []
-    for name in ("a_astronaut.png", "c_coffee.jpg", "d_camera.bmp"):
+    for name in PHOTO_FILES:
         img = cv2.imread(str(d / name))
-        interp = cv2.INTER_AREA if img.shape[0] > h or img.shape[1] > w else cv2.INTER_LINEAR
-        out.append(img if img.shape[:2] == (h, w) else cv2.resize(img, (w, h), interpolation=interp))
+        scale = min(w / img.shape[1], h / img.shape[0])
+        new_w, new_h = round(img.shape[1] * scale), round(img.shape[0] * scale)
+        interp = cv2.INTER_AREA if img.shape[0] > new_h or img.shape[1] > new_w else cv2.INTER_LINEAR
+        frame = np.zeros((h, w, 3), np.uint8)
+        x, y = (w - new_w) // 2, (h - new_h) // 2
+        frame[y : y + new_h, x : x + new_w] = cv2.resize(img, (new_w, new_h), interpolation=interp)
+        out.append(frame)
     return out
 
 
@@ -367,7 +376,7 @@ def test_images_directory_plays_sorted_readable_files_and_loops(photo_dir, prelo
     address = image.ctypes.data
     for i in range(7):
         meta = src.read(image, i)
-        assert meta is not None and meta.seq == i and meta.source == str(photo_dir)
+        assert meta is not None and meta.seq == i and meta.source == str(photo_dir / PHOTO_FILES[i % 3])
         np.testing.assert_array_equal(image, want[i % 3])
     assert image.ctypes.data == address
     assert src.skipped == 1 and src.frame_count == 3
@@ -385,6 +394,9 @@ def test_images_preload_reads_without_allocating_and_ends_without_loop(photo_dir
         got.append(image.copy())
     assert len(got) == 3
     np.testing.assert_array_equal(got[1], want[1])
+    # The square photos keep their proportions in the 4:3 frame: black bars left and right.
+    np.testing.assert_array_equal(got[0], want[0])
+    assert not got[0][:, :40].any() and not got[0][:, -40:].any() and got[0][:, 40:280].any()
     src.open()
     assert alloc_peak(lambda: src.read(image, 0), calls=2) < FRAME_ALLOC_LIMIT
 
