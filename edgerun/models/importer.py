@@ -345,16 +345,19 @@ def ultralytics_yolo_params(meta: UltralyticsMetadata | None) -> dict[str, Any]:
 
 
 def _preprocess(input_spec: TensorSpec, meta: UltralyticsMetadata | None) -> tuple[dict[str, Any], str]:
-    """The bundle's ``[preprocess]`` and where it came from."""
-    if np.issubdtype(input_spec.dtype, np.integer):
-        # Integer inputs take pixels as they are; quantisation comes from the tensor itself.
+    """The bundle's ``[preprocess]`` and where it came from.
+
+    mean/std describe the float values the model was trained on; a quantised input
+    adds its own scale and zero point on top (the preprocessor folds both together).
+    """
+    if np.issubdtype(input_spec.dtype, np.integer) and not input_spec.quantised:
         spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [1.0] * 3, "pad_value": 0}
-        return spec, f"{np.dtype(input_spec.dtype)} input: raw pixels (quantisation from the tensor)"
+        return spec, f"{np.dtype(input_spec.dtype)} input without quantisation: raw pixels"
     spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [255.0] * 3, "pad_value": 0}
     if meta is not None:
         spec["pad_value"] = ULTRALYTICS_PAD
         return spec, "Ultralytics convention: letterbox, RGB, /255, pad 114"
-    return spec, "default for float input (the file does not say): letterbox, RGB, /255; check it"
+    return spec, "default (the file does not say): letterbox, RGB, /255; check it against how it was trained"
 
 
 # -- the import ------------------------------------------------------------------------------

@@ -276,6 +276,16 @@ def test_an_onnx_only_bundle_serves_on_onnx_runtimes_cpu_provider_as_its_fallbac
         failover.close()
 
 
+def test_an_onnx_only_bundle_travels_as_an_ota_payload(imported, tmp_path):
+    from edgerun.ota.payload import pack_bundle
+
+    payload = tmp_path / "payload.tar"
+    payload.write_bytes(pack_bundle(imported.bundle.root))
+    unpacked = load_bundle(payload, extract_dir=tmp_path / "slot")
+    assert unpacked.cpu_engine == "onnx" and unpacked.manifest == imported.bundle.manifest
+    assert unpacked.variant_path("onnx").read_bytes() == imported.bundle.variant_path("onnx").read_bytes()
+
+
 def test_inspect_names_the_fallback_and_counts_the_classes(imported, capsys):
     report = inspect_bundle(str(imported.bundle.root), warmup_runs=1)
     assert report["cpu_fallback"] == "onnx" and report["engine"] == "onnx"
