@@ -216,26 +216,28 @@ def fix_onnx_input(model: Any, input_hw: tuple[int, int], path: Path) -> tuple[A
     outputs = {o.name: _dims(o) for o in model.graph.output}
     if not changed and all(isinstance(d, int) for dims_ in outputs.values() for d in dims_):
         return model, []
-    model = update_model_dims.update_inputs_outputs_dims(model, {graph_input.name: fixed}, outputs)
-    actual = _run_once(model, graph_input.name, fixed, path)
-    concrete = {name: list(actual[name]) for name in outputs}
-    for name, dims_ in outputs.items():
-        if dims_ != concrete[name]:
-            changed.append(f"output {name!r} {_show_dims(dims_)} -> {_show_dims(concrete[name])}")
-    model = update_model_dims.update_inputs_outputs_dims(model, {graph_input.name: fixed}, concrete)
-    # Intermediate shapes recorded for the dynamic graph would keep its symbols: infer them afresh.
-    del model.graph.value_info[:]
     try:
+        model = update_model_dims.update_inputs_outputs_dims(model, {graph_input.name: fixed}, outputs)
+        actual = _run_once(model, graph_input.name, fixed, path)
+        concrete = {name: list(actual[name]) for name in outputs}
+        for name, dims_ in outputs.items():
+            if dims_ != concrete[name]:
+                changed.append(f"output {name!r} {_show_dims(dims_)} -> {_show_dims(concrete[name])}")
+        model = update_model_dims.update_inputs_outputs_dims(model, {graph_input.name: fixed}, concrete)
+        # Intermediate shapes recorded for the dynamic graph would keep its symbols: infer them afresh.
+        del model.graph.value_info[:]
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         onnx.checker.check_model(model)
-    except Exception as err:  # onnx raises its own error types from C++
+    except ModelError:
+        raise
+    except Exception as err:  # onnx raises its own error types (some from C++), and KeyError/ValueError
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelError(f"{path}: the model with fixed dimensions fails onnx's checks ({first})") from None
+        raise ModelError(f"{path}: fixing the dimensions with onnx failed ({type(err).__name__}: {first})") from None
     return model, changed
 
 
 def _is_nchw(dims: Sequence[int | str]) -> bool:
-    """Channels first when axis 1 is 1 or 3 wide (PyTorch exports), or when only axis 3 is symbolic."""
+    """Channels first (PyTorch exports) unless axis 3, and not axis 1, is 1 or 3 wide (TensorFlow's NHWC)."""
     if dims[1] in (1, 3):
         return True
     return dims[3] not in (1, 3)
