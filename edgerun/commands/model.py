@@ -12,7 +12,7 @@ from edgerun.commands.options import setup_logging
 def cmd_model_inspect(args: argparse.Namespace) -> int:
     from edgerun.models.inspect import inspect_bundle
 
-    report = inspect_bundle(args.path, engine_key=args.engine)
+    report = inspect_bundle(args.path, engine_key=args.engine, image=args.image)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -95,6 +95,7 @@ def add_model_parser(sub: Any) -> None:
     inspect = msub.add_parser("inspect", help="print tensors, quantisation, decoder and a warm-up timing")
     inspect.add_argument("path", help="bundle directory or .tar")
     inspect.add_argument("--engine", default=None, help="the variant to run (default: the CPU fallback)")
+    inspect.add_argument("--image", default=None, help="a photo to run through the bundle, printing detections")
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(func=cmd_model_inspect)
     fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")

@@ -1,16 +1,19 @@
-"""``edgerun model inspect``: what a bundle holds and how fast its CPU variant warms up."""
+"""``edgerun model inspect``: a bundle checked as a node checks it, and how fast its CPU variant warms up."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
-from edgerun.decoders import decoder_class
 from edgerun.engines.base import EngineOptions, TensorSpec, engine_class
+from edgerun.engines.factory import build_runtime
 from edgerun.errors import ModelError
 from edgerun.models.bundle import load_bundle
+from edgerun.sources.opencv import quiet_opencv
 
 
 def _tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -20,9 +23,21 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
     return out
 
 
-def inspect_bundle(path: str, engine_key: str | None = None, warmup_runs: int = 5) -> dict[str, Any]:
+def inspect_bundle(
+    path: str, engine_key: str | None = None, warmup_runs: int = 5, image: str | Path | None = None
+) -> dict[str, Any]:
     """What the bundle holds, checked as the node checks it: the decoder is built on the engine's real
-    tensors and the labels are counted against its classes (ModelError, exit 2, when they disagree)."""
+    tensors and the labels are counted against its classes (ModelError, exit 2, when they disagree).
+
+    With ``image``, the photo goes through the node's own preprocessing, engine and decoder, and the
+    report lists what was detected in it (boxes in the photo's pixels).
+    """
+    frame = None
+    if image is not None:
+        with quiet_opencv():
+            frame = cv2.imread(str(image), cv2.IMREAD_COLOR)
+        if frame is None:
+            raise ModelError(f"--image {image}: not a readable image")
     bundle = load_bundle(path)
     m = bundle.manifest
     engine_key = engine_key or bundle.cpu_engine
@@ -34,15 +49,27 @@ def inspect_bundle(path: str, engine_key: str | None = None, warmup_runs: int = 
     device = "cpu" if engine_key == "onnx" and engine_key == bundle.cpu_engine else ""
     engine = engine_class(engine_key)(model_path, EngineOptions(device=device))
     load_ms = (time.perf_counter() - t0) * 1000
+    in_h, in_w = engine.input_spec.image_hw if len(engine.input_spec.shape) == 4 else (1, 1)
+    frame_size = (frame.shape[1], frame.shape[0]) if frame is not None else (in_w, in_h)
     try:
-        decoder = decoder_class(m.decoder.kind)(dict(m.decoder.params), engine.input_spec, engine.output_specs)
-        decoder.check_labels(bundle.labels)
+        runtime = build_runtime(bundle, engine, frame_size)
     except BaseException:
         engine.close()
         raise
     tensor = engine.allocate_input()
     tensor[...] = 0
     outputs = engine.allocate_outputs()
+    detections: list[dict[str, Any]] = []
+    if frame is not None:
+        runtime.preprocessor(frame, tensor)
+        det = runtime.decoder.decode(engine.infer(tensor, outputs))
+        boxes = runtime.preprocessor.letterbox.boxes_to_source(det.boxes.copy())
+        labels = bundle.labels
+        for box, score, cls in zip(boxes, det.scores, det.class_ids):
+            label = labels[cls] if 0 <= cls < len(labels) else str(int(cls))
+            detections.append(
+                {"label": label, "score": round(float(score), 4), "box": [round(float(v), 1) for v in box]}
+            )
     t0 = time.perf_counter()
     engine.infer(tensor, outputs)
     first_ms = (time.perf_counter() - t0) * 1000
@@ -66,7 +93,7 @@ def inspect_bundle(path: str, engine_key: str | None = None, warmup_runs: int = 
             "mean": m.preprocess.mean,
             "std": m.preprocess.std,
         },
-        "decoder": {"kind": m.decoder.kind, "params": m.decoder.params, "classes": decoder.label_count},
+        "decoder": {"kind": m.decoder.kind, "params": m.decoder.params, "classes": runtime.decoder.label_count},
         "engine": engine_key,
         "input": _tensor(engine.input_spec),
         "outputs": [_tensor(s) for s in engine.output_specs],
@@ -75,6 +102,7 @@ def inspect_bundle(path: str, engine_key: str | None = None, warmup_runs: int = 
             "first_inference": round(first_ms, 2),
             "warm_median": round(float(np.median(times)), 3),
         },
+        "image": None if image is None else {"path": str(image), "detections": detections},
     }
 
 
@@ -96,6 +124,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"  timing   load {t['load']} ms, first inference {t['first_inference']} ms,"
         f" warm median {t['warm_median']} ms on {r['engine']}"
     )
+    if r.get("image") is not None:
+        found = r["image"]["detections"]
+        lines.append(f"  image    {r['image']['path']}: {len(found)} detection(s)")
+        lines += [f"           {d['label']} {d['score']:.3f} at {d['box']}" for d in found]
     return "\n".join(lines)
 
 

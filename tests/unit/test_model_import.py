@@ -294,6 +294,21 @@ def test_inspect_names_the_fallback_and_counts_the_classes(imported, capsys):
     assert "fallback onnx" in capsys.readouterr().out
 
 
+def test_inspect_runs_a_photo_through_the_bundle(imported, tmp_path, capsys):
+    rgb = photo_rgb("composed_page")
+    photo = tmp_path / "page.png"
+    cv2.imwrite(str(photo), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    found = inspect_bundle(str(imported.bundle.root), warmup_runs=1, image=photo)["image"]["detections"]
+    boxes, scores, classes = edgerun_detect(imported.bundle.root, rgb)
+    assert [d["label"] for d in found] == [imported.bundle.labels[c] for c in classes]
+    assert {"Picture", "Text"} <= {d["label"] for d in found}  # the photo and the paragraphs
+    np.testing.assert_allclose([d["box"] for d in found], boxes, atol=0.05)
+    assert edgerun_main(["model", "inspect", str(imported.bundle.root), "--image", str(photo)]) == 0
+    assert f"image    {photo}: {len(found)} detection(s)" in capsys.readouterr().out
+    err = one_line_exit_2(["model", "inspect", str(imported.bundle.root), "--image", str(tmp_path)], capsys)
+    assert "not a readable image" in err
+
+
 # -- refusals: one line, exit 2, before anything runs ---------------------------------------------
 
 
