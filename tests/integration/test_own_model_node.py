@@ -1,0 +1,106 @@
+"""A real node (``edgerun run``, a subprocess) serving a bundle written by ``edgerun model import``.
+
+The bundle is the real Ultralytics YOLOv8n export from a PyPI wheel, imported
+with no flags; ONNX-only, so the node serves on ONNX Runtime's CPU provider as
+its fallback. What the node publishes for scikit-image photos is compared box
+by box with the independent reference of ``tests/unit/test_model_import.py``
+(onnxruntime + the documented YOLOv8 decoding, no edgerun), and a bundle whose
+labels do not match the head is refused at start with one line before
+anything is published.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import tomli_w
+
+from edgerun.models.importer import import_model
+from tests.integration.jsonl import read_records
+from tests.unit.test_model_import import IMGSZ, iou, photo_rgb, reference_detect
+
+
+@pytest.fixture(scope="module")
+def yolov8n_onnx() -> Path:
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("yolov8n_doclaynet")
+
+
+def run_node(tmp_path: Path, bundle: Path, images: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """``edgerun run`` over ``images`` once (a finite source ends the run); returns the process and its batches."""
+    out = tmp_path / "detections.jsonl"
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(
+        f"""[node]
+id = "own-model"
+[source]
+kind = "images"
+path = "{images}"
+fps = 0
+loop = false
+[pipeline]
+policy = "block"
+[model]
+bundle = "{bundle}"
+[sinks.jsonl]
+path = "{out}"
+[service]
+http_enabled = false
+"""
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgerun", "run", "-c", str(cfg)], capture_output=True, text=True, timeout=120
+    )
+    batches = [r for r in read_records(out) if r["schema"] == "edgerun.detections/1"]
+    return proc, batches
+
+
+def test_the_node_publishes_what_the_reference_decoder_finds(yolov8n_onnx, tmp_path):
+    bundle = import_model(yolov8n_onnx, tmp_path / "bundle").bundle
+    images = tmp_path / "images"
+    images.mkdir()
+    rgb = photo_rgb("composed_page")
+    cv2.imwrite(str(images / "page.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    proc, batches = run_node(tmp_path, bundle.root, images)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(batches) == 1
+    batch = batches[0]
+    assert batch["frame"]["source"] == str(images / "page.png")
+    assert (batch["frame"]["width"], batch["frame"]["height"]) == (rgb.shape[1], rgb.shape[0])
+    assert batch["model"]["name"] == bundle.name
+    published = batch["detections"]
+    boxes, scores, classes = reference_detect(yolov8n_onnx, rgb, IMGSZ)
+    assert len(published) == len(boxes) >= 3
+    for box, score, cls in zip(boxes, scores, classes):
+        same = [d for d in published if d["class_id"] == cls]
+        best = max(same, key=lambda d: iou(box, np.array(d["box"])))
+        assert best["label"] == bundle.labels[cls]
+        assert iou(box, np.array(best["box"])) >= 0.99  # the payload rounds boxes to 0.1 px
+        assert abs(best["score"] - float(score)) <= 1e-3
+
+
+def test_labels_that_do_not_match_the_head_stop_the_node_before_it_publishes(yolov8n_onnx, tmp_path):
+    import tomllib
+
+    # Imported, then edited by hand to one label short, as a user might.
+    bundle = import_model(yolov8n_onnx, tmp_path / "bundle").bundle
+    manifest = tomllib.loads((bundle.root / "model.toml").read_text())
+    manifest["labels"] = manifest["labels"][:-1]
+    (bundle.root / "model.toml").write_text(tomli_w.dumps(manifest))
+    images = tmp_path / "images"
+    images.mkdir()
+    cv2.imwrite(str(images / "coffee.png"), cv2.cvtColor(photo_rgb("coffee"), cv2.COLOR_RGB2BGR))
+    proc, batches = run_node(tmp_path, bundle.root, images)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("edgerun: error: labels: 10 labels for the 11 classes of yolov8 output 'output0' [1, 15, 21504]"), (
+        proc.stderr[-2000:]
+    )
+    assert "Traceback" not in proc.stderr
+    assert batches == []
