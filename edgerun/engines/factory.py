@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from edgerun.decoders import decoder_class
 from edgerun.engines.base import Engine, EngineOptions, engine_class
 from edgerun.engines.breadcrumb import Breadcrumbs, default_state_dir
-from edgerun.engines.failover import LAST_RESORT, EventCallback, Failover, FailoverSettings
+from edgerun.engines.failover import EventCallback, Failover, FailoverSettings
 from edgerun.engines.runtime import ModelInfo, ModelRuntime
 from edgerun.models.bundle import ModelBundle
 from edgerun.preprocess import Preprocessor
@@ -79,11 +79,11 @@ def open_failover(
     def open_runtime(key: str) -> ModelRuntime:
         path = bundle.variant_path(key)
         assert path is not None
-        if key == last_resort == LAST_RESORT:
+        if key == last_resort and key == "tflite":
             threads, replicas = cpu_engine_layout(cfg, fallback=behind_accelerator)
             options = EngineOptions(num_threads=threads, replicas=replicas)
         elif key == last_resort:
-            # One ONNX Runtime session with its own thread pool: replicas are a TFLite layout.
+            # ONNX Runtime: one session with its own thread pool (replicas are a TFLite layout).
             options = EngineOptions(num_threads=cfg.engine.num_threads, device="cpu")
         else:
             # state_dir: where ONNX Runtime's TensorRT provider caches the engines it builds
