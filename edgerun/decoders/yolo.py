@@ -85,8 +85,10 @@ class _YoloDecoder(Decoder):
             raise ModelError(
                 f"{self.KEY}: expected a [1, ...] head output of rank 3, got shapes {_shapes(output_specs)}"
             )
-        if len(output_specs) != 1:
-            # Segmentation (mask prototypes) and pose heads carry more than boxes and classes.
+        # Segmentation (mask prototypes, rank 4) and a second head carry more than boxes and classes. Rank-5
+        # outputs are the per-level feature maps older YOLOv5 exports list beside the head: ignored.
+        others = [s for i, s in enumerate(output_specs) if i != heads[0] and len(s.shape) != 5]
+        if others:
             named = ", ".join(describe_tensor(s) for s in output_specs)
             raise ModelError(f"{self.KEY}: expected one head output, got {len(output_specs)}: {named}")
         self._index = heads[0]

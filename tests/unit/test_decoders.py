@@ -667,6 +667,9 @@ def test_yolo_decoders_refuse_end_to_end_and_multi_output_heads():
     seg = [spec("output0", (1, 116, 8400)), spec("output1", (1, 32, 160, 160))]
     with pytest.raises(ModelError, match=r"^yolov8: expected one head output, got 2: 'output0' \[1, 116, 8400\], "):
         YOLOv8Decoder({}, image_spec(640, 640), seg)
+    # an older YOLOv5 export lists its three feature maps (rank 5) beside the head: those are not refused
+    legacy = [spec("output", (1, 25200, 85))] + [spec(f"fm{g}", (1, 3, g, g, 85)) for g in (80, 40, 20)]
+    assert YOLOv5Decoder({}, image_spec(640, 640), legacy).num_classes == 80
 
 
 def test_yolo_p6_and_p2_grids_are_accepted():
