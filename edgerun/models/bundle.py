@@ -149,7 +149,7 @@ def _extract_tar(archive: Path, base: Path) -> Path:
     place, so a refused or damaged tar leaves nothing behind.
     """
     try:
-        digest = _file_sha256(archive)[:16]
+        digest = file_sha256(archive)[:16]
     except OSError as err:
         raise ModelError(f"model bundle {archive}: cannot read ({err.strerror or err})") from None
     try:
@@ -208,7 +208,8 @@ def _bundle_root(dest: Path) -> Path:
     return dest
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB chunks (model files run to hundreds of MB)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

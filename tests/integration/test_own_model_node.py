@@ -17,19 +17,11 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pytest
 import tomli_w
 
 from edgerun.models.importer import import_model
 from tests.integration.jsonl import read_records
 from tests.unit.test_model_import import IMGSZ, iou, photo_rgb, reference_detect
-
-
-@pytest.fixture(scope="module")
-def yolov8n_onnx() -> Path:
-    from edgerun.models.samples import ensure_sample_model
-
-    return ensure_sample_model("yolov8n_doclaynet")
 
 
 def run_node(tmp_path: Path, bundle: Path, images: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:

@@ -43,13 +43,6 @@ IMGSZ = 1024  # the export's own imgsz (its metadata and its fixed input)
 CLASSES = 11
 
 
-@pytest.fixture(scope="session")
-def yolov8n_onnx() -> Path:
-    from edgerun.models.samples import ensure_sample_model
-
-    return ensure_sample_model("yolov8n_doclaynet")
-
-
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory, yolov8n_onnx):
     return import_model(yolov8n_onnx, tmp_path_factory.mktemp("import") / "yolov8n")
