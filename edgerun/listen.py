@@ -200,9 +200,11 @@ def parse_host_port(text: str, default_port: int = 1883) -> tuple[str, int]:
 
 
 def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
+    """Connect once (a broker that cannot be reached or refuses is one MqttError line, as mosquitto_sub exits),
+    then subscribe and print until done; a connection lost later is retried by paho's thread."""
     from edgerun.config import MqttSinkConfig
     from edgerun.errors import ConfigError
-    from edgerun.mqtt_client import build_ssl_context, connect_in_background, new_client, on_connect_failure
+    from edgerun.mqtt_client import MqttError, build_ssl_context, connect_blocking, new_client
 
     host, port = parse_host_port(args.mqtt)
     topics = args.topic or [DEFAULT_MQTT_TOPIC]
@@ -220,33 +222,38 @@ def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
     except ConfigError as err:
         raise EdgerunError(f"listen: {err}") from None
     client = new_client(login, id_prefix="edgerun-listen", reconnect=(1.0, 5.0), ssl_context=context)
-    last_error = [""]
+    subscriptions = [(t, args.qos) for t in topics]
 
     def report(text: str) -> None:
-        if text != last_error[0]:
-            last_error[0] = text
-            print(f"listen: {host}:{port}: {text}", file=sys.stderr, flush=True)
+        print(f"listen: {host}:{port}: {text}", file=sys.stderr, flush=True)
 
     def on_connect(c: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if reason.is_failure:
-            report(f"broker refused the connection ({reason})")
+            report(f"the broker refused the reconnection ({reason}); retrying")
             return
-        c.subscribe([(t, args.qos) for t in topics])
-        report(f"listening on {', '.join(topics)}")
+        c.subscribe(subscriptions)  # a clean session after a reconnection: subscribe again
+        report("reconnected")
 
-    def on_connect_fail(why: str) -> None:
-        report(f"cannot connect ({why}); retrying")
+    def on_disconnect(c: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if not printer.done.is_set():
+            report(f"connection lost ({reason}); reconnecting")
 
     def on_message(c: Any, userdata: Any, msg: Any) -> None:
         printer.mqtt_message(msg.topic, msg.payload, args.max_bytes, args.node)
 
-    client.on_connect = on_connect
-    on_connect_failure(client, on_connect_fail)
     client.on_message = on_message
-    connect_in_background(client, host, port, keepalive=30)
+    try:
+        connect_blocking(client, host, port, keepalive=30)
+    except MqttError as err:
+        raise type(err)(f"listen: {err}") from None  # the same class: a refused login keeps its exit code 2
+    client.on_connect = on_connect
+    client.on_disconnect = on_disconnect
+    client.subscribe(subscriptions)
+    report(f"listening on {', '.join(topics)}")
     try:
         printer.done.wait(args.seconds or None)
     finally:
+        printer.done.set()  # the disconnect below is ours, not a lost connection
         client.disconnect()
         client.loop_stop()
 

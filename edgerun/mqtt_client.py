@@ -14,7 +14,7 @@ Two ways to run a client:
   drives paho from asyncio and retries with ``backoff_delay`` (full jitter).
 
 Operator tools connect with ``connect_blocking`` (a refused or unreachable
-broker is one ``MqttError`` line naming why) and publish with
+broker is one ``MqttError`` line naming why; a refused login exits 2) and publish with
 ``publish_confirmed`` (a PUBACK reason code the broker's ACL refused is an
 error, not a silent drop).
 """
@@ -37,7 +37,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edgerun.config import MqttSinkConfig
-from edgerun.errors import ConfigError, EdgerunError
+from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
 
 # paho's own default: clients that do not say otherwise retry after 1 s, doubling up to 120 s.
 PAHO_RECONNECT = (1.0, 120.0)
@@ -45,6 +45,22 @@ PAHO_RECONNECT = (1.0, 120.0)
 
 class MqttError(EdgerunError):
     """A broker that refused, could not be reached, or did not acknowledge: one line naming the broker and why."""
+
+
+class MqttLoginRefused(MqttError):
+    """The broker answered and refused this client for good (its login, its id): retrying cannot help."""
+
+    exit_code = EXIT_NEEDS_OPERATOR
+
+
+# CONNACK reason codes a person must act on (MQTT 5, 3.2.2.2): the same CONNECT would be refused again.
+_REFUSALS_FOR_GOOD = frozenset({0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C})  # version, client id, login, not authorized,
+# banned, authentication method; 0x88 (unavailable), 0x89 (busy) and 0x9F (rate) may pass with a retry.
+
+
+def refused_for_good(reason: Any) -> bool:
+    """Whether a failed CONNACK's reason code means the same login would be refused again."""
+    return getattr(reason, "value", None) in _REFUSALS_FOR_GOOD
 
 
 class ClosedBeforeConnack(ConnectionError):
@@ -227,10 +243,12 @@ def connect_blocking(client: mqtt.Client, host: str, port: int, timeout: float =
     broker = f"mqtt://{host}:{port}"
     answered = threading.Event()
     outcome: list[str] = []
+    for_good = [False]
 
     def on_connect(c: Any, u: Any, flags: Any, reason: Any, props: Any = None) -> None:
         if reason.is_failure:
             outcome.append(f"refused the connection ({reason})")
+            for_good[0] = refused_for_good(reason)
         answered.set()
 
     def on_disconnect(c: Any, u: Any, flags: Any, reason: Any, props: Any = None) -> None:
@@ -248,7 +266,8 @@ def connect_blocking(client: mqtt.Client, host: str, port: int, timeout: float =
     client.loop_start()
     if not answered.wait(timeout) or outcome:
         client.loop_stop()
-        raise MqttError(f"{broker}: {outcome[0] if outcome else f'no CONNACK within {timeout:g} s'}")
+        error = MqttLoginRefused if for_good[0] else MqttError
+        raise error(f"{broker}: {outcome[0] if outcome else f'no CONNACK within {timeout:g} s'}")
     client.on_disconnect = callers_on_disconnect
 
 

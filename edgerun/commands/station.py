@@ -178,12 +178,24 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    refused = station.subscriber.refused_for_good
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(refused.wait())]
     try:
-        await asyncio.wait_for(stop.wait(), seconds) if seconds else await stop.wait()
-    except asyncio.TimeoutError:
-        pass
-    await server.stop()
-    await station.stop()
+        await asyncio.wait(waits, timeout=seconds or None, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+        await server.stop()
+        await station.stop()
+    if refused.is_set():  # a wrong password or a login the ACL forbids: a person must fix it (exit 2)
+        from edgerun.mqtt_client import MqttLoginRefused
+
+        raise MqttLoginRefused(station.subscriber.refusal)
+    if not station.subscriber.connected_once:  # it served a page of nothing: say why, and exit non-zero
+        from edgerun.mqtt_client import MqttError
+
+        why = station.subscriber.last_failure or f"mqtt://{options.mqtt_host}:{options.mqtt_port}: no answer"
+        raise MqttError(f"station: never connected: {why.removesuffix('; retrying').removesuffix('; reconnecting')}")
     return 0
 
 

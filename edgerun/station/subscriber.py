@@ -43,6 +43,13 @@ class FleetSubscriber:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._stopping = False
+        self.connected_once = False
+        self._refused = False  # a failed CONNACK since the last success: paho's next disconnect only repeats it
+        self.last_failure = ""
+        # Set on the loop when the broker refuses this login for good (bad password, not authorized):
+        # retrying cannot help, so ``edgerun station`` stops with that reason (exit 2) instead of retrying forever.
+        self.refused_for_good = asyncio.Event()
+        self.refusal = ""
 
     def start(self) -> None:
         from edgerun.mqtt_client import connect_in_background, new_client, on_connect_failure
@@ -78,22 +85,46 @@ class FleetSubscriber:
             except RuntimeError:  # the loop closed between the check and the call
                 pass
 
+    def _failed(self, text: str) -> None:
+        if text != self.last_failure:  # a broker that stays away is one warning, not one per retry
+            self.last_failure = text
+            log.warning("station: %s", text)
+        self._call(self.on_state, False, text)
+
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
+        from edgerun.mqtt_client import refused_for_good
+
         if getattr(reason, "is_failure", False):
-            self._call(self.on_state, False, f"broker refused the connection: {reason}")
+            self._refused = True
+            text = f"mqtt://{self.host}:{self.port} refused the connection ({reason})"
+            if refused_for_good(reason):
+                self._call(self._refuse_for_good, text)
+            self._failed(f"{text}; retrying")
             return
+        self._refused = False
+        self.connected_once = True
+        self.last_failure = ""
         client.subscribe([(topic, 1) for topic in SUBSCRIPTIONS])
         log.info("station: connected to mqtt://%s:%d", self.host, self.port)
         self._call(self.on_state, True, "")
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any = None) -> None:
-        if self._stopping:
+        # paho follows an MQTT 5 CONNACK refusal with a disconnect it calls "Protocol error": the refusal said why.
+        if self._stopping or self._refused:
             return
-        log.warning("station: lost mqtt://%s:%d (%s); reconnecting", self.host, self.port, reason)
-        self._call(self.on_state, False, f"connection lost ({reason}); reconnecting")
+        broker = f"mqtt://{self.host}:{self.port}"
+        if self.connected_once:
+            self._failed(f"connection to {broker} lost ({reason}); reconnecting")
+        else:
+            self._failed(f"{broker} closed the connection before CONNACK ({reason}); reconnecting")
 
     def _on_connect_fail(self, why: str) -> None:
-        self._call(self.on_state, False, f"cannot reach mqtt://{self.host}:{self.port} ({why}); retrying")
+        self._refused = False
+        self._failed(f"cannot reach mqtt://{self.host}:{self.port} ({why}); retrying")
+
+    def _refuse_for_good(self, text: str) -> None:
+        self.refusal = text
+        self.refused_for_good.set()
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         with self._lock:
