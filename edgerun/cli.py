@@ -16,6 +16,14 @@ from edgerun.commands.demo import add_demo_parser
 from edgerun.commands.doctor import add_doctor_parser
 from edgerun.commands.fleet import add_fleet_parser
 from edgerun.commands.model import add_model_parser
+from edgerun.commands.options import (
+    DefaultsHelpFormatter,
+    add_verbosity_options,
+    log_level,
+    missing_required,
+    setup_logging,
+    verbosity_given,
+)
 from edgerun.commands.ota import add_ota_parser
 from edgerun.commands.run import add_run_parser
 from edgerun.commands.station import add_station_parser
@@ -26,7 +34,7 @@ from edgerun.errors import EdgerunError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgerun", description="Edge inference runtime for devices and swarms.")
     parser.add_argument("--version", action="version", version=f"edgerun {__version__}")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    add_verbosity_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_run_parser(sub)
@@ -44,13 +52,33 @@ def build_parser() -> argparse.ArgumentParser:
     add_station_parser(sub)
     add_fleet_parser(sub)
     add_swarm_parser(sub)
+    parser.formatter_class = DefaultsHelpFormatter
+    for command in subcommand_parsers(parser):
+        add_verbosity_options(command, top=False)
+        command.formatter_class = DefaultsHelpFormatter
     return parser
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``parser`` (``fleet``, ``fleet status``, ...), each once although aliases repeat them."""
+    found: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found.append(child)
+                found.extend(subcommand_parsers(child))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    missing = missing_required(args)
+    if missing:
+        args.command_parser.error(f"the following arguments are required: {missing}")
     func: Callable[[argparse.Namespace], int] = args.func
+    if verbosity_given(args):  # commands with a default of their own (run, station) set their level again
+        setup_logging(log_level(args, "warning"))
     try:
         return func(args)
     except EdgerunError as err:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edgerun.commands.options import setup_logging
+from edgerun.commands.options import log_level, setup_logging
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level or "warning")
+    setup_logging(log_level(args, "warning"))
     if args.sinks:
         from edgerun.bench.pipeline import run_sinks_bench_command
 

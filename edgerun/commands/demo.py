@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgerun.commands.options import setup_logging
+from edgerun.commands.options import log_level, setup_logging
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -16,10 +16,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from edgerun.demo import demo_config, format_summary, run_demo
 
-    setup_logging(args.log_level or "warning")
+    setup_logging(log_level(args, "warning"))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    live = sys.stderr.isatty() and not args.quiet
+    # -q (the shared quiet option, either position) also drops the live status line
+    live = sys.stderr.isatty() and not (getattr(args, "quiet", 0) or getattr(args, "quiet_after", 0))
     with contextlib.ExitStack() as stack:
         mqtt = args.mqtt
         if args.local_broker and mqtt is None:
@@ -72,7 +73,7 @@ def _start_local_broker(stack: contextlib.ExitStack) -> str | None:
 
 def add_demo_parser(sub: Any) -> None:
     demo = sub.add_parser("demo", help="replayed flight with BlazeFace, scored against ground truth")
-    demo.add_argument("--seconds", type=float, default=20.0)
+    demo.add_argument("--seconds", type=float, default=20.0, help="fly the scene this long, then print the summary")
     demo.add_argument("--out", default="out/demo", help="directory for detections.jsonl, snapshot.png, summary.json")
     demo.add_argument("--model", default=None, help="model bundle (default: BlazeFace short range)")
     demo.add_argument("--fps", type=float, default=None, help="replay rate (default 15; 0 = as fast as possible)")
@@ -82,7 +83,6 @@ def add_demo_parser(sub: Any) -> None:
         "--local-broker", action="store_true", help="publish to a private mosquitto started on a free loopback port"
     )
     demo.add_argument("--http-port", type=int, default=None, help="HTTP port (default: any free port)")
-    demo.add_argument("--quiet", action="store_true", help="no live status line")
     demo.add_argument(
         "--drones", type=int, default=3, help="node processes flying the scene as a swarm (1: one node in-process)"
     )

@@ -14,5 +14,5 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def add_doctor_parser(sub: Any) -> None:
     doctor = sub.add_parser("doctor", help="list inference back ends and whether they work here")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=cmd_doctor)

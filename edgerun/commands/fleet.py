@@ -17,6 +17,7 @@ from typing import Any
 
 from edgerun.commands.options import (
     add_broker_login_options,
+    add_old_spelling,
     add_root_key_options,
     load_root_keys,
     load_signing_key,
@@ -163,7 +164,7 @@ def cmd_fleet_objects(args: argparse.Namespace) -> int:
     export = Export()
     for payload in hear_fleet_objects(host, port, args.topic, args.seconds, cfg):
         export.add_payload(payload)
-    _write_output(args.output, render(export, args.format))
+    _write_output(args.out, render(export, args.format))
     count = len(export.objects)
     summary = f"fleet objects: {count} from mqtt://{host}:{port} {args.topic} in {args.seconds:g} s"
     unplaced = export.skipped_no_latlon
@@ -397,7 +398,7 @@ def add_fleet_parser(sub: Any) -> None:
     fsub = fleet.add_subparsers(dest="fleet_command", required=True)
 
     def common(p: argparse.ArgumentParser, signing: bool) -> None:
-        p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+        p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT", help="the fleet's broker")
         add_root_key_options(p)
         add_broker_login_options(p)
         if signing:
@@ -407,7 +408,7 @@ def add_fleet_parser(sub: Any) -> None:
     p = fsub.add_parser("status", help="every node, its model and health; rollouts in progress")
     common(p, False)
     p.add_argument("--seconds", type=float, default=3.0, help="listen this long (metrics come every few seconds)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the fleet as JSON")
     p.set_defaults(func=cmd_fleet_status)
     p = fsub.add_parser(
         "objects",
@@ -416,10 +417,11 @@ def add_fleet_parser(sub: Any) -> None:
         "GeoJSON (RFC 7946) or KML 2.2 for a map, or CSV. Objects without lat/lon (edgerun.object/1) "
         "are left out of GeoJSON and KML and counted on stderr.",
     )
-    p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+    p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT", help="the fleet's broker")
     add_broker_login_options(p)
-    p.add_argument("--format", choices=["geojson", "kml", "csv"], default="geojson")
-    p.add_argument("-o", "--output", default="-", metavar="FILE", help="write here (default: standard output)")
+    p.add_argument("--format", choices=["geojson", "kml", "csv"], default="geojson", help="file format")
+    p.add_argument("-o", "--out", default="-", metavar="FILE", help="write here (default: standard output)")
+    add_old_spelling(p, "--output", dest="out")
     p.add_argument(
         "--seconds", type=float, default=10.0, help="listen this long (objects are reported as drones find them)"
     )
@@ -432,26 +434,26 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument("--keys", required=True, metavar="DIR", help="directory with keys.json and keys.json.minisig")
     p.add_argument("--base", default=None, help="the bundle the fleet runs now: ship a delta from it")
     p.add_argument("--salt", default=None, help="cohort salt (default: <model>-v<version>)")
-    p.add_argument("--out", default=None, help="keep the release directory here")
-    p.add_argument("--expires-days", type=float, default=30.0)
+    p.add_argument("-o", "--out", default=None, metavar="DIR", help="keep the release directory here")
+    p.add_argument("--expires-days", type=float, default=30.0, help="nodes refuse the release after this many days")
     p.add_argument("--fleet-seconds", type=float, default=3.0, help="listen this long for what the fleet runs")
     p.set_defaults(func=cmd_fleet_publish)
     p = fsub.add_parser("promote", help="widen the rollout (nodes already in stay in)")
     common(p, True)
-    p.add_argument("--percent", type=float, required=True)
-    p.add_argument("--model", default=None)
+    p.add_argument("--percent", type=float, required=True, help="the share of the fleet in the rollout from now")
+    p.add_argument("--model", default=None, help="the model to promote (needed when the broker holds several)")
     p.set_defaults(func=cmd_fleet_promote)
     p = fsub.add_parser("halt", help="stop the rollout: no further node takes the release")
     common(p, True)
-    p.add_argument("--model", default=None)
-    p.add_argument("--reason", default="")
+    p.add_argument("--model", default=None, help="the model to halt (needed when the broker holds several)")
+    p.add_argument("--reason", default="", help="why, signed into the halt step (default: halted by the operator)")
     p.set_defaults(func=cmd_fleet_halt)
     p = fsub.add_parser("rollback", help="halt the release and ship an older model as the next version")
     common(p, True)
     p.add_argument("--to", required=True, metavar="BUNDLE", help="the model to go back to (bundle directory)")
     p.add_argument("--keys", required=True, metavar="DIR", help="directory with keys.json and keys.json.minisig")
-    p.add_argument("--percent", type=float, default=100.0)
+    p.add_argument("--percent", type=float, default=100.0, help="share of the fleet that takes the older model")
     p.add_argument("--base", default=None, help="the bundle being rolled back: ship a delta from it")
-    p.add_argument("--model", default=None)
-    p.add_argument("--expires-days", type=float, default=30.0)
+    p.add_argument("--model", default=None, help="the model to roll back (default: the name in --to's bundle)")
+    p.add_argument("--expires-days", type=float, default=30.0, help="nodes refuse the release after this many days")
     p.set_defaults(func=cmd_fleet_rollback)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from edgerun.commands.options import setup_logging
+from edgerun.commands.options import log_level, setup_logging
 
 
 def cmd_model_inspect(args: argparse.Namespace) -> int:
@@ -65,7 +65,7 @@ def cmd_model_fetch_sample(args: argparse.Namespace) -> int:
 
 def cmd_model_build_trt(args: argparse.Namespace) -> int:
 
-    setup_logging(args.log_level or "warning")
+    setup_logging(log_level(args, "warning"))
     from edgerun.models.build_trt import build_trt_command
 
     result = build_trt_command(
@@ -96,7 +96,7 @@ def add_model_parser(sub: Any) -> None:
     inspect.add_argument("path", help="bundle directory or .tar")
     inspect.add_argument("--engine", default=None, help="the variant to run (default: the CPU fallback)")
     inspect.add_argument("--image", default=None, help="a photo to run through the bundle, printing detections")
-    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=cmd_model_inspect)
     fetch = msub.add_parser("fetch-demo", help="download and build the demo bundles into .cache/")
     fetch.add_argument("names", nargs="*", help="blazeface_short, pose_detector (default: both)")

@@ -15,17 +15,138 @@ from edgerun.hostport import parse_hostport as parse_hostport  # the commands' H
 # -- logging -------------------------------------------------------------------------------
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_VERBOSITY_GROUP = "logging (before or after the subcommand)"
+
+
+def add_verbosity_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--log-level``, ``-v/--verbose`` and ``-q/--quiet`` on ``edgerun`` itself (``top``) or on a subcommand.
+
+    Both positions work: ``edgerun -v listen`` and ``edgerun listen -v``. A subcommand's defaults would overwrite
+    what was given before it (argparse copies the subcommand's namespace over the top one), so the subcommand's
+    copies default to SUPPRESS and count into their own dests; ``log_level`` adds the two positions up.
+    """
+    suffix = "" if top else "_after"
+    unset: Any = None if top else argparse.SUPPRESS
+    group = p.add_argument_group(_VERBOSITY_GROUP)
+    group.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=unset,
+        dest="log_level" + suffix,
+        help="log from this level up (overrides -v/-q; default: the command's own, often warning)",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=unset if not top else 0,
+        dest="verbose" + suffix,
+        help="log one level more (repeatable: -vv for debug from warning)",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=unset if not top else 0,
+        dest="quiet" + suffix,
+        help="log one level less (repeatable: -qq for errors only from info)",
+    )
+
+
+def log_level(args: argparse.Namespace, default: str) -> str:
+    """The level the person asked for: ``--log-level`` (the later position wins), else ``default`` moved one
+    step per ``-v`` (more) and ``-q`` (less), counted in both positions and kept within debug..error."""
+    explicit = getattr(args, "log_level_after", None) or getattr(args, "log_level", None)
+    if explicit:
+        return str(explicit)
+    steps = getattr(args, "quiet", 0) + getattr(args, "quiet_after", 0)
+    steps -= getattr(args, "verbose", 0) + getattr(args, "verbose_after", 0)
+    start = LOG_LEVELS.index(default) if default in LOG_LEVELS else LOG_LEVELS.index("warning")
+    return LOG_LEVELS[min(max(start + steps, 0), len(LOG_LEVELS) - 1)]
+
+
+def verbosity_given(args: argparse.Namespace) -> bool:
+    """Whether any of ``--log-level``, ``-v`` or ``-q`` was on the command line, in either position."""
+    return bool(
+        getattr(args, "log_level", None)
+        or getattr(args, "log_level_after", None)
+        or getattr(args, "verbose", 0)
+        or getattr(args, "verbose_after", 0)
+        or getattr(args, "quiet", 0)
+        or getattr(args, "quiet_after", 0)
+    )
+
+
 def setup_logging(level: str) -> None:
+    """Plain lines on stderr (journal entries under systemd) from ``level`` up; a second call only sets the level.
+
+    ``edgerun`` configures logging before a command when -v/-q/--log-level was given, and the command may
+    configure it again with its own default (``run`` takes node.log_level): the handler is made once.
+    """
     from edgerun.service.journal import JournalHandler, journal_stream_is
 
-    if journal_stream_is(sys.stderr):  # under systemd: structured journal entries instead of plain lines
-        logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[JournalHandler()])
+    numeric = getattr(logging, level.upper(), logging.INFO)
+    root = logging.getLogger()
+    if any(getattr(handler, "edgerun_cli", False) for handler in root.handlers):
+        root.setLevel(numeric)
         return
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler: logging.Handler
+    if journal_stream_is(sys.stderr):  # under systemd: structured journal entries instead of plain lines
+        handler = JournalHandler()
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.edgerun_cli = True  # type: ignore[attr-defined]  # marks the handler this module made
+    logging.basicConfig(level=numeric, handlers=[handler])
+
+
+# -- help and spellings -----------------------------------------------------------------------
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default where it tells something (not None, False or an empty list),
+    unless the help text already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or default is None
+            or default is False  # a switch: off unless given
+            or default in ("", [], argparse.SUPPRESS)
+            or isinstance(action, (argparse._CountAction, argparse._VersionAction))
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_old_spelling(p: argparse.ArgumentParser, *flags: str, dest: str, **kwargs: Any) -> None:
+    """An earlier spelling of an option that documented usage and scripts still type: it works, help hides it.
+
+    One spelling per idea across commands (``--force``, ``--signing-key``, ``--percent``, ``-o/--out``); the old
+    one sets the same ``dest`` and has no default of its own, so the new spelling's default stands.
+    """
+    p.add_argument(*flags, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+
+
+def require_one_spelling(p: argparse.ArgumentParser, dest: str, flag: str) -> None:
+    """Make ``flag`` required although an old spelling may give it instead (argparse checks each action alone).
+
+    ``edgerun`` checks after parsing (``missing_required``) and reports it as argparse would.
+    """
+    required = [*(p.get_default("required_spellings") or []), (dest, flag)]
+    p.set_defaults(required_spellings=required, command_parser=p)
+
+
+def missing_required(args: argparse.Namespace) -> str | None:
+    """The first option that ``require_one_spelling`` made required and neither spelling gave, or None."""
+    for dest, flag in getattr(args, "required_spellings", None) or []:
+        if getattr(args, dest, None) is None:
+            return flag
+    return None
 
 
 # -- addresses -----------------------------------------------------------------------------

@@ -20,7 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgerun.commands.options import ask_new_password, first_stdin_line, key_password, parse_hostport
+from edgerun.commands.options import (
+    add_old_spelling,
+    ask_new_password,
+    first_stdin_line,
+    key_password,
+    parse_hostport,
+    require_one_spelling,
+)
 from edgerun.errors import EXIT_NEEDS_OPERATOR
 from edgerun.ota.errors import OtaError
 
@@ -65,7 +72,7 @@ def _new_key_password(args: argparse.Namespace) -> bytes | None:
 def cmd_keygen(args: argparse.Namespace) -> int:
     from edgerun.ota.minisign import SecretKey
 
-    pub, sec = Path(args.pubkey), Path(args.seckey)
+    pub, sec = Path(args.pubkey), Path(args.signing_key)
     for path in (pub, sec):
         if path.exists() and not args.force:
             raise OtaError(f"{path} exists (use -f to overwrite)")
@@ -100,7 +107,7 @@ def _default_trusted_comment(path: Path, data: bytes) -> str:
 def cmd_sign(args: argparse.Namespace) -> int:
     from edgerun.ota.minisign import SecretKey, parse_signatures
 
-    key = SecretKey.load(args.seckey, key_password(args, OtaError))
+    key = SecretKey.load(args.signing_key, key_password(args, OtaError))
     path = Path(args.message)
     data = path.read_bytes()
     comment = args.trusted_comment or _default_trusted_comment(path, data)
@@ -122,7 +129,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
     keys = [PublicKey.load(p) for p in args.release_key]
     data = make_key_list(keys, args.version, args.expires_days, args.threshold, tuple(args.revoke))
-    out = Path(args.output)
+    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     comment = keys_trusted_comment(args.version, int(time.time()))
@@ -148,8 +155,8 @@ def cmd_make_delta(args: argparse.Namespace) -> int:
     if algorithm == "full" or len(patch) >= len(new):
         print(f"the full payload is smaller than any delta: {report}; no delta written")
         return 0
-    Path(args.output).write_bytes(patch)
-    print(f"wrote {args.output}: {algorithm}, {len(patch)} bytes; {report}")
+    Path(args.out).write_bytes(patch)
+    print(f"wrote {args.out}: {algorithm}, {len(patch)} bytes; {report}")
     return 0
 
 
@@ -157,15 +164,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from edgerun.ota.minisign import SecretKey
     from edgerun.ota.release import ReleaseSpec, build_release
 
-    if not args.seckey and not args.unsigned:
+    if not args.signing_key and not args.unsigned:
         raise OtaError("publish: give -s RELEASE.key, or --unsigned to sign manifest.json yourself with minisign")
-    key = SecretKey.load(args.seckey, key_password(args, OtaError)) if args.seckey else None
+    key = SecretKey.load(args.signing_key, key_password(args, OtaError)) if args.signing_key else None
     spec = ReleaseSpec(
         expires_days=args.expires_days,
         boards=args.board,
         min_runtime=args.min_runtime,
-        rollout_percent=args.rollout_percent,
-        rollout_salt=args.rollout_salt,
+        rollout_percent=args.percent,
+        rollout_salt=args.salt,
         full=not args.no_full,
         algorithm=args.algorithm,
     )
@@ -310,9 +317,12 @@ def add_ota_parser(sub: Any) -> None:
     osub = ota.add_subparsers(dest="ota_command", required=True)
 
     p = osub.add_parser("keygen", help="make a minisign-compatible Ed25519 key pair")
-    p.add_argument("-p", "--pubkey", required=True)
-    p.add_argument("-s", "--seckey", required=True)
-    p.add_argument("-f", "--force", action="store_true")
+    p.add_argument("-p", "--pubkey", required=True, metavar="FILE", help="write the public key here")
+    p.add_argument("-s", "--signing-key", metavar="FILE", help="write the secret (signing) key here (required)")
+    add_old_spelling(p, "--seckey", dest="signing_key")  # minisign's name, in scripts written before 0.x
+    require_one_spelling(p, "signing_key", "-s/--signing-key")
+    p.add_argument("--force", action="store_true", help="overwrite key files that exist")
+    add_old_spelling(p, "-f", dest="force", action="store_true")  # minisign's -f, documented before --force
     secret = p.add_mutually_exclusive_group()
     secret.add_argument("--password-env", help="encrypt the secret key with the password in this variable (scrypt)")
     secret.add_argument("--password-stdin", action="store_true", help="read that password from the first stdin line")
@@ -324,15 +334,30 @@ def add_ota_parser(sub: Any) -> None:
     p.add_argument("--version", type=int, required=True, help="must go up with every change")
     p.add_argument("--threshold", type=int, default=1, help="release signatures a manifest needs")
     p.add_argument("--revoke", action="append", default=[], metavar="KEY_ID", help="revoked key id (repeat)")
-    p.add_argument("--expires-days", type=float, default=365.0)
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--expires-days", type=float, default=365.0, help="keys.json is refused after this many days")
+    p.add_argument("-o", "--out", metavar="FILE", help="write keys.json here (required)")
+    add_old_spelling(p, "--output", dest="out")
+    require_one_spelling(p, "out", "-o/--out")
     p.set_defaults(func=cmd_keys)
 
     p = osub.add_parser("sign", help="sign a file (minisign format; manifest.json/keys.json get their comment)")
-    p.add_argument("-s", "--seckey", required=True)
-    p.add_argument("-m", "--message", required=True)
-    p.add_argument("-x", "--sigfile", default=None)
-    p.add_argument("-t", "--trusted-comment", default=None)
+    p.add_argument("-s", "--signing-key", metavar="FILE", help="the secret key to sign with (required)")
+    add_old_spelling(p, "--seckey", dest="signing_key")
+    require_one_spelling(p, "signing_key", "-s/--signing-key")
+    p.add_argument("-m", "--message", required=True, metavar="FILE", help="the file to sign")
+    p.add_argument(
+        "-x",
+        "--sigfile",
+        default=None,
+        metavar="FILE",
+        help="write the signature here (default: the signed file's name + .minisig)",
+    )
+    p.add_argument(
+        "-t",
+        "--trusted-comment",
+        default=None,
+        help="signed comment (default: the time and file name; for manifest.json and keys.json their version)",
+    )
     p.add_argument("--append", action="store_true", help="add to the signatures already there (k-of-n)")
     p.add_argument("--legacy", action="store_true", help="sign the file itself, not its BLAKE2b hash")
     p.add_argument("--password-env", help="the secret key's password is in this variable")
@@ -341,23 +366,32 @@ def add_ota_parser(sub: Any) -> None:
     p = osub.add_parser("make-delta", help="bsdiff4 and zstd deltas between two payloads; keeps the smaller")
     p.add_argument("old", help="base bundle directory or payload tar")
     p.add_argument("new", help="new bundle directory or payload tar")
-    p.add_argument("-o", "--output", required=True)
-    p.add_argument("--algorithm", choices=["auto", "bsdiff4", "zstd"], default="auto")
+    p.add_argument("-o", "--out", metavar="FILE", help="write the delta here (required)")
+    add_old_spelling(p, "--output", dest="out")
+    require_one_spelling(p, "out", "-o/--out")
+    p.add_argument(
+        "--algorithm", choices=["auto", "bsdiff4", "zstd"], default="auto", help="auto: try both, keep the smaller"
+    )
     p.set_defaults(func=cmd_make_delta)
 
     p = osub.add_parser("publish", help="write a release directory (payload, delta, signed manifest)")
     p.add_argument("--bundle", required=True, help="the new bundle (directory or tar)")
     p.add_argument("--to", required=True, help="release directory (USB stick, web root, staging)")
     p.add_argument("--base", default=None, help="the bundle nodes run now: ship a delta from it")
-    p.add_argument("-s", "--seckey", default=None, help="release secret key")
+    p.add_argument("-s", "--signing-key", default=None, metavar="FILE", help="release secret key")
+    add_old_spelling(p, "--seckey", dest="signing_key")
     p.add_argument("--unsigned", action="store_true", help="leave manifest.json for minisign -S")
     p.add_argument("--no-full", action="store_true", help="ship only the delta")
-    p.add_argument("--algorithm", choices=["auto", "bsdiff4", "zstd"], default="auto")
-    p.add_argument("--expires-days", type=float, default=30.0)
+    p.add_argument(
+        "--algorithm", choices=["auto", "bsdiff4", "zstd"], default="auto", help="delta algorithm; auto: the smaller"
+    )
+    p.add_argument("--expires-days", type=float, default=30.0, help="nodes refuse the release after this many days")
     p.add_argument("--board", action="append", default=[], help="compatible board class (repeat); none: any")
-    p.add_argument("--min-runtime", default="0")
-    p.add_argument("--rollout-percent", type=float, default=100.0)
-    p.add_argument("--rollout-salt", default="")
+    p.add_argument("--min-runtime", default="0", metavar="VERSION", help="oldest edgerun version that may take it")
+    p.add_argument("--percent", type=float, default=100.0, help="share of the fleet that takes the release")
+    add_old_spelling(p, "--rollout-percent", dest="percent", type=float)
+    p.add_argument("--salt", default="", help="cohort salt: which nodes fall in --percent")
+    add_old_spelling(p, "--rollout-salt", dest="salt")
     p.add_argument("--mqtt", metavar="HOST:PORT", default=None, help="also publish it, retained, to this broker")
     p.add_argument("--password-env", help="the secret key's password is in this variable")
     p.set_defaults(func=cmd_publish)
@@ -365,14 +399,14 @@ def add_ota_parser(sub: Any) -> None:
     p = osub.add_parser("verify", help="check a release directory as a node would")
     p.add_argument("directory")
     p.add_argument("--root-key", action="append", required=True, help="root public key file (repeat)")
-    p.add_argument("--root-threshold", type=int, default=1)
-    p.add_argument("--model", default=None)
+    p.add_argument("--root-threshold", type=int, default=1, metavar="N", help="root signatures keys.json needs")
+    p.add_argument("--model", default=None, help="check only this model's release (default: every model there)")
     p.set_defaults(func=cmd_verify)
 
     p = osub.add_parser("status", help="the node's model store: active slot, counter, journal, last update")
-    p.add_argument("--state-dir", default=None)
+    p.add_argument("--state-dir", default=None, metavar="DIR", help="the node's ota.state_dir (or give -c)")
     p.add_argument("-c", "--config", default=None, help="node config (for ota.state_dir)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--check", action="store_true", help="exit 1 when the store is inconsistent")
     p.set_defaults(func=cmd_status)
 

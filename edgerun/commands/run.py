@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edgerun.commands.options import setup_logging
+from edgerun.commands.options import log_level, setup_logging
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -20,7 +20,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from edgerun.sinks.dds import require_cyclonedds
 
         require_cyclonedds()  # an optional extra ([dds]): say so before any model is loaded
-    setup_logging(args.log_level or cfg.node.log_level)
+    setup_logging(log_level(args, cfg.node.log_level))
     from edgerun.node import run_node
 
     return run_node(cfg, seconds=args.seconds, test_control=args.test_control)

@@ -18,6 +18,7 @@ from edgerun.commands.options import (
     first_stdin_line,
     load_root_keys,
     load_signing_key,
+    log_level,
     mqtt_client_config,
     parse_hostport,
     setup_logging,
@@ -99,7 +100,7 @@ def prepare_ground(
 def cmd_station(args: argparse.Namespace) -> int:
     from edgerun.station.station import StationOptions
 
-    setup_logging(args.log_level or "info")
+    setup_logging(log_level(args, "info"))
 
     from edgerun.station.server import check_bind_policy, parse_node_nets, read_snapshot_token
 

@@ -93,5 +93,5 @@ def add_swarm_parser(sub: Any) -> None:
     keygen.set_defaults(func=cmd_keygen)
     members = ssub.add_parser("members", help="print a running node's view of the swarm")
     members.add_argument("--config", "-c", required=True, help="the node's TOML config")
-    members.add_argument("--json", action="store_true")
+    members.add_argument("--json", action="store_true", help="print the members as JSON")
     members.set_defaults(func=cmd_members)
