@@ -78,6 +78,9 @@ def verbosity_given(args: argparse.Namespace) -> bool:
     )
 
 
+_handlers_made: list[logging.Handler] = []  # by setup_logging, so a second call finds its own
+
+
 def setup_logging(level: str) -> None:
     """Plain lines on stderr (journal entries under systemd) from ``level`` up; a second call only sets the level.
 
@@ -88,7 +91,7 @@ def setup_logging(level: str) -> None:
 
     numeric = getattr(logging, level.upper(), logging.INFO)
     root = logging.getLogger()
-    if any(getattr(handler, "edgerun_cli", False) for handler in root.handlers):
+    if any(handler in root.handlers for handler in _handlers_made):
         root.setLevel(numeric)
         return
     handler: logging.Handler
@@ -97,7 +100,7 @@ def setup_logging(level: str) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.edgerun_cli = True  # type: ignore[attr-defined]  # marks the handler this module made
+    _handlers_made.append(handler)
     logging.basicConfig(level=numeric, handlers=[handler])
 
 
