@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from edgerun import __version__
 from edgerun.commands.bench import add_bench_parser
+from edgerun.commands.completion import add_completion_parser
 from edgerun.commands.demo import add_demo_parser
 from edgerun.commands.doctor import add_doctor_parser
 from edgerun.commands.fleet import add_fleet_parser
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_station_parser(sub)
     add_fleet_parser(sub)
     add_swarm_parser(sub)
+    add_completion_parser(sub)
     parser.formatter_class = DefaultsHelpFormatter
     for command in subcommand_parsers(parser):
         add_verbosity_options(command, top=False)
