@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.engines.base import Engine, EngineOptions, TensorSpec
+from edgerun.engines.native_stderr import native_stderr_to_log
 from edgerun.errors import EngineError, ModelError
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,14 @@ class TFLiteEngine(Engine):
 
     def _open_interpreter(self, module: Any, threads: int, delegates: list[Any]) -> _Lane:
         try:
-            interp = module.Interpreter(
-                model_path=str(self.model_path),
-                num_threads=threads,
-                experimental_delegates=delegates or None,
-            )
-            interp.allocate_tensors()
+            # the runtime prints "INFO: Created TensorFlow Lite XNNPACK delegate" here; it belongs in the log
+            with native_stderr_to_log(f"{self.model_path.name} ({self.KEY})"):
+                interp = module.Interpreter(
+                    model_path=str(self.model_path),
+                    num_threads=threads,
+                    experimental_delegates=delegates or None,
+                )
+                interp.allocate_tensors()
         except (ValueError, RuntimeError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelError(f"{self.model_path}: not a loadable TFLite model ({first})") from None
