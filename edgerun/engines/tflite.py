@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,13 @@ class TFLiteEngine(Engine):
 
     def _open_interpreter(self, module: Any, threads: int, delegates: list[Any]) -> _Lane:
         try:
-            # the runtime prints "INFO: Created TensorFlow Lite XNNPACK delegate" here; it belongs in the log
-            with native_stderr_to_log(f"{self.model_path.name} ({self.KEY})"):
+            # The runtime prints "INFO: Created TensorFlow Lite XNNPACK delegate" here; it belongs in the log.
+            # Only for the CPU interpreter: an accelerator delegate's load can wedge (an Edge TPU that hangs),
+            # and its open is then abandoned on a stuck thread, which must not keep the process's stderr.
+            held: AbstractContextManager[None] = (
+                nullcontext() if delegates else native_stderr_to_log(f"{self.model_path.name} ({self.KEY})")
+            )
+            with held:
                 interp = module.Interpreter(
                     model_path=str(self.model_path),
                     num_threads=threads,
