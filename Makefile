@@ -62,8 +62,8 @@ test-gpu: $(INSTALLED)
 
 bench: $(MODELS)
 	mkdir -p bench-results
-	$(BIN)/edgerun bench --model blazeface_short --seconds $(SECONDS) --json bench-results/blazeface_short.json > /dev/null
-	$(BIN)/edgerun bench --model pose_detector --seconds $(SECONDS) --json bench-results/pose_detector.json > /dev/null
+	$(BIN)/edgerun bench --model blazeface_short --seconds $(SECONDS) -o bench-results/blazeface_short.json
+	$(BIN)/edgerun bench --model pose_detector --seconds $(SECONDS) -o bench-results/pose_detector.json
 	$(BIN)/edgerun bench --table bench-results/blazeface_short.json bench-results/pose_detector.json
 
 # The swarm's benchmarks (#21), JSON under bench-results/: the MAVLink swarm with real autopilot bytes (three

@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     if verbosity_given(args):  # commands with a default of their own (run, station) set their level again
         setup_logging(log_level(args, "warning"))
+    if getattr(args, "quiet", 0) + getattr(args, "quiet_after", 0):
+        from edgerun import progress
+
+        progress.set_enabled(False)
     try:
         return func(args)
     except EdgerunError as err:

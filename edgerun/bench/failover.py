@@ -417,5 +417,5 @@ def run_failover_bench_command(args: argparse.Namespace) -> int:
     result = run_failover_bench(args.model, args.seconds, args.repeats)
     from edgerun.bench.pipeline import emit_result
 
-    emit_result(result, args.json_out)
+    emit_result(result, args)
     return 0

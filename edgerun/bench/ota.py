@@ -258,5 +258,5 @@ def run_ota_bench_command(args: argparse.Namespace) -> int:
     result = run_ota_bench(quick=getattr(args, "seconds", 8.0) < 2.0)
     from edgerun.bench.pipeline import emit_result
 
-    emit_result(result, args.json_out)
+    emit_result(result, args)
     return 0

@@ -37,6 +37,7 @@ from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.preprocess import Preprocessor
+from edgerun.progress import phases
 from edgerun.sources import make_source
 from edgerun.sources.base import Source
 from edgerun.types import DetectionBatch
@@ -476,7 +477,11 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
     result: dict[str, Any] = {"model": bundle.name, "model_version": bundle.version, "cores": cores}
     sweep_s = max(1.0, seconds / 4)
     round_s = max(1.5, seconds / rounds)
-    with tempfile.TemporaryDirectory(prefix="edgerun-bench-") as tmpdir:
+    with (
+        tempfile.TemporaryDirectory(prefix="edgerun-bench-") as tmpdir,
+        phases(f"bench {bundle.name}", rounds + 4) as progress,
+    ):
+        progress.step("thread sweep")
         tmp = Path(tmpdir)
         clip_path = clip_dir(tmp)
         source = open_clip(clip_path)
@@ -497,7 +502,8 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         pipe_layout, live_layout = node_layout("block"), node_layout("drop_oldest")
         result["threads_sweep_fps"] = {"bare": bare_sweep, "naive": naive_sweep, "pipeline": pipe_sweep}
         bare, medians, replicas, naive, pipe, pipe_p50 = [], [], [], [], [], []
-        for _ in range(rounds):
+        for i in range(rounds):
+            progress.step(f"round {i + 1} of {rounds}: bare, replicas, naive, pipeline")
             fps, median = _bare_rate(bundle, bare_t, round_s)
             bare.append(fps)
             medians.append(median * 1000)
@@ -525,6 +531,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
                 },
             }
         )
+        progress.step("stages")
         result.update(bench_stages(bundle, source, max(1.0, seconds / 4)))
         # Ratios are medians of per-round ratios: each round measures its phases back to back, so
         # load drifting on a shared machine cancels out. The infer stage alone (the replicas busy side
@@ -538,6 +545,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         # The node's live layout (one interpreter on every core): the clip replayed at that pace,
         # the same clip coming from a camera-like device (a capture thread reads and drops the
         # stale frames), and for the record the replay on the replicas.
+        progress.step("overload")
         pace = 2 * result["bare_invoke_fps"]
         overload = run_pipeline(bundle, source, live_layout, seconds, policy="drop_oldest", pace_fps=pace)
         camera = run_pipeline(bundle, CameraClip(source, pace), live_layout, seconds, policy="drop_oldest")
@@ -556,6 +564,7 @@ def run_bench(model: str | None, seconds: float, soak_seconds: float | None = No
         result["overload_camera_p99_latency_ms"] = camera["latency_p99_ms"]
         result["overload_latency_bound_ms"] = round(3 * result["median_invoke_ms"] + 2, 3)
         source.close()
+        progress.step("node process")
         result.update(bench_node_process(bundle, detection_photo_dir(tmp), tmp, soak_seconds or seconds))
     return result
 
@@ -588,14 +597,27 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join([header, rule, *rows])
 
 
-def emit_result(result: dict[str, Any], json_out: str | None, echo: bool = True) -> None:
-    """Print a bench result as JSON and write it to ``json_out`` when given."""
+def emit_result(result: dict[str, Any], args: argparse.Namespace, summary: str | None = None) -> None:
+    """Write a bench result where the options say: ``-o FILE`` writes its JSON there, ``--json`` prints it on
+    stdout; with a file and no ``--json``, stdout gets only ``summary`` (a table a person reads), not the JSON
+    a second time. With neither, the JSON goes to stdout: a result is never dropped."""
     text = json.dumps(result, indent=2)
-    if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(text + "\n")
-    if echo:
+    out = bench_out_path(args)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+    if getattr(args, "json_stdout", False) or not out:
         print(text)
+    elif summary:
+        print(summary)
+    if out:
+        print(f"wrote {out}", file=sys.stderr)
+
+
+def bench_out_path(args: argparse.Namespace) -> str | None:
+    """``-o/--out FILE``, or the old ``--json FILE`` spelling (``--json`` alone is the stdout switch)."""
+    old = getattr(args, "json_file", None)
+    return getattr(args, "out", None) or (old if isinstance(old, str) else None)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -604,7 +626,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(format_table(results))
         return 0
     result = run_bench(args.model, args.seconds, args.soak_seconds)
-    emit_result(result, args.json_out)
+    emit_result(result, args, summary=format_table([result]))
     return 0
 
 
@@ -663,7 +685,6 @@ def run_sinks_bench_command(args: argparse.Namespace) -> int:
 
     result = {"sinks": asyncio.run(bench_sinks(args.seconds))}
     result["pipeline"] = bench_sink_overhead(resolve_bundle(args.model), max(6.0, args.seconds * 2))
-    emit_result(result, args.json_out, echo=False)
-    print(format_table(result["sinks"]))
-    print(json.dumps(result["pipeline"], indent=2))
+    pipeline = "\n".join(f"{key}: {value}" for key, value in result["pipeline"].items())
+    emit_result(result, args, summary=f"{format_table(result['sinks'])}\n{pipeline}")
     return 0

@@ -10,6 +10,7 @@ from edgerun.commands.options import log_level, setup_logging
 
 def cmd_bench(args: argparse.Namespace) -> int:
     setup_logging(log_level(args, "warning"))
+    args.json_stdout = args.json_file is True
     if args.sinks:
         from edgerun.bench.pipeline import run_sinks_bench_command
 
@@ -32,7 +33,18 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--model", default=None, help="bundle path or demo name (default: blazeface_short)")
     bench.add_argument("--seconds", type=float, default=8.0, help="length of each timed phase")
     bench.add_argument("--soak-seconds", type=float, default=None, help="pipeline phase length for rss_growth_mb")
-    bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
+    bench.add_argument("-o", "--out", default=None, metavar="FILE", help="write the result as JSON to FILE")
+    # --json alone prints the JSON on stdout (the one spelling of "machine-readable" across commands);
+    # `--json FILE`, the old spelling of -o FILE that the Makefile and docs typed, still writes the file.
+    bench.add_argument(
+        "--json",
+        dest="json_file",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="FILE",
+        help="print the result as JSON on stdout (with -o: a table on stdout otherwise)",
+    )
     bench.add_argument("--table", nargs="*", default=None, metavar="JSON", help="print a table of result files")
     bench.add_argument(
         "--failover", action="store_true", help="measure failover instead: time to fallback detections, frames lost"

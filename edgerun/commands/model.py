@@ -48,18 +48,26 @@ def cmd_model_check_mcu(args: argparse.Namespace) -> int:
 
 def cmd_model_fetch_demo(args: argparse.Namespace) -> int:
     from edgerun.models.demo import DEMO_MODELS, ensure_demo_bundle
+    from edgerun.progress import phases
 
-    for name in args.names or list(DEMO_MODELS):
-        bundle = ensure_demo_bundle(name)
-        print(f"{bundle.name} v{bundle.version}: {bundle.root}")
+    names = args.names or list(DEMO_MODELS)
+    with phases("fetch-demo", len(names)) as progress:
+        for name in names:
+            progress.step(f"{name} (download, verify, convert)")
+            bundle = ensure_demo_bundle(name)
+            print(f"{bundle.name} v{bundle.version}: {bundle.root}")
     return 0
 
 
 def cmd_model_fetch_sample(args: argparse.Namespace) -> int:
     from edgerun.models.samples import SAMPLE_MODELS, ensure_sample_model
+    from edgerun.progress import phases
 
-    for name in args.names or list(SAMPLE_MODELS):
-        print(f"{name}: {ensure_sample_model(name)}")
+    names = args.names or list(SAMPLE_MODELS)
+    with phases("fetch-sample", len(names)) as progress:
+        for name in names:
+            progress.step(f"{name} (download, verify)")
+            print(f"{name}: {ensure_sample_model(name)}")
     return 0
 
 
