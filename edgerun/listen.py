@@ -199,29 +199,37 @@ def parse_host_port(text: str, default_port: int = 1883) -> tuple[str, int]:
     return host, port
 
 
+def listen_login(args: argparse.Namespace, host: str, port: int) -> Any:
+    """The broker login from the shared ``--mqtt-user`` options (a MqttSinkConfig; no login: an empty one).
+
+    The password: ``--mqtt-password-env``/``--mqtt-password-file``, else the old ``--password``, else
+    ``EDGERUN_MQTT_PASSWORD`` as listen always read it. Bad options are one ``listen:`` line.
+    """
+    from edgerun.commands.options import mqtt_client_config
+    from edgerun.config import MqttSinkConfig
+    from edgerun.errors import ConfigError
+
+    try:
+        login = mqtt_client_config(args, host, port) or MqttSinkConfig(host=host, port=port)
+    except ConfigError as err:
+        raise EdgerunError(f"listen: {err}") from None
+    if login.username and not login.password:
+        login.password = getattr(args, "listen_password", None) or os.environ.get("EDGERUN_MQTT_PASSWORD", "")
+    login.tls_insecure = bool(getattr(args, "mqtt_tls_insecure", False))
+    if login.tls_insecure and not (login.tls or login.tls_ca):
+        raise EdgerunError("listen: --mqtt-tls-insecure needs --mqtt-tls or --mqtt-tls-ca")
+    return login
+
+
 def _listen_mqtt(args: argparse.Namespace, printer: Printer) -> None:
     """Connect once (a broker that cannot be reached or refuses is one MqttError line, as mosquitto_sub exits),
     then subscribe and print until done; a connection lost later is retried by paho's thread."""
-    from edgerun.config import MqttSinkConfig
-    from edgerun.errors import ConfigError
-    from edgerun.mqtt_client import MqttError, build_ssl_context, connect_blocking, new_client
+    from edgerun.mqtt_client import MqttError, connect_blocking, new_client
 
     host, port = parse_host_port(args.mqtt)
     topics = args.topic or [DEFAULT_MQTT_TOPIC]
-    login = MqttSinkConfig(
-        username=args.username or "",
-        password=(args.password or os.environ.get("EDGERUN_MQTT_PASSWORD") or "") if args.username else "",
-        tls=bool(args.tls),
-        tls_ca=args.tls_ca or "",
-        tls_cert=args.tls_cert or "",
-        tls_key=args.tls_key or "",
-        tls_insecure=bool(args.tls_insecure),
-    )
-    try:
-        context = build_ssl_context(login, lambda field: "--" + field.replace("_", "-"))
-    except ConfigError as err:
-        raise EdgerunError(f"listen: {err}") from None
-    client = new_client(login, id_prefix="edgerun-listen", reconnect=(1.0, 5.0), ssl_context=context)
+    login = listen_login(args, host, port)
+    client = new_client(login, id_prefix="edgerun-listen", reconnect=(1.0, 5.0))
     subscriptions = [(t, args.qos) for t in topics]
 
     def report(text: str) -> None:

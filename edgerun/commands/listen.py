@@ -17,6 +17,7 @@ import argparse
 import sys
 from typing import Any
 
+from edgerun.commands.options import add_broker_login_options, add_old_spelling
 from edgerun.errors import EdgerunError
 from edgerun.listen import DEFAULT_MAX_BYTES, DEFAULT_MQTT_TOPIC, Printer, _listen_dds, _listen_mqtt
 
@@ -39,13 +40,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="skip larger MQTT payloads")
     mq = p.add_argument_group("MQTT")
     mq.add_argument("--qos", type=int, choices=[0, 1], default=0, help="subscription QoS")
-    mq.add_argument("--username", default="", help="MQTT user name")
-    mq.add_argument("--password", default="", help="or EDGERUN_MQTT_PASSWORD")
-    mq.add_argument("--tls", action="store_true", help="TLS with the system CAs")
-    mq.add_argument("--tls-ca", default="", metavar="PEM", help="TLS checked against this CA")
-    mq.add_argument("--tls-cert", default="", metavar="PEM", help="client certificate")
-    mq.add_argument("--tls-key", default="", metavar="PEM", help="the client certificate's key")
-    mq.add_argument("--tls-insecure", action="store_true", help="skip the host name check")
+    mq.add_argument("--mqtt-tls-insecure", action="store_true", help="with TLS: skip the host name check")
+    # The login options every broker-facing command shares (--mqtt-user, --mqtt-password-env/-file, --mqtt-tls,
+    # --mqtt-tls-ca, --mqtt-cert, --mqtt-key); listen's earlier spellings still parse, hidden from help.
+    add_broker_login_options(p)
+    add_old_spelling(p, "--username", dest="mqtt_user")
+    add_old_spelling(p, "--password", dest="listen_password")  # a password in argv shows in ps: the env/file ones
+    add_old_spelling(p, "--tls", dest="mqtt_tls", action="store_true")
+    add_old_spelling(p, "--tls-ca", dest="mqtt_tls_ca")
+    add_old_spelling(p, "--tls-cert", dest="mqtt_cert")
+    add_old_spelling(p, "--tls-key", dest="mqtt_key")
+    add_old_spelling(p, "--tls-insecure", dest="mqtt_tls_insecure", action="store_true")
     dd = p.add_argument_group("DDS")
     dd.add_argument("--domain", type=int, default=0, help="DDS domain id")
     dd.add_argument("--interface", default="lo", help="network interface (default lo: loopback, no multicast)")

@@ -68,8 +68,9 @@ def test_listen_to_a_closed_port_exits_1_with_one_line() -> None:
 
 
 def test_listen_with_a_wrong_password_exits_2_naming_the_refusal(broker: Mosquitto) -> None:
-    proc = edgerun("listen", "--mqtt", f"127.0.0.1:{broker.port}", "--seconds", "3", "--username", USER,
-                   env={"EDGERUN_MQTT_PASSWORD": "wrong"})  # fmt: skip
+    """The login options every broker command shares (--mqtt-user, --mqtt-password-env)."""
+    proc = edgerun("listen", "--mqtt", f"127.0.0.1:{broker.port}", "--seconds", "3", "--mqtt-user", USER,
+                   "--mqtt-password-env", "LISTEN_PW", env={"LISTEN_PW": "wrong"})  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.removesuffix("\n")
     assert "\n" not in line
@@ -78,10 +79,19 @@ def test_listen_with_a_wrong_password_exits_2_naming_the_refusal(broker: Mosquit
 
 
 def test_listen_with_the_right_password_listens_and_exits_0(broker: Mosquitto) -> None:
+    """listen's earlier spelling (--username, the password in EDGERUN_MQTT_PASSWORD) still logs in."""
     proc = edgerun("listen", "--mqtt", f"127.0.0.1:{broker.port}", "--seconds", "1", "--username", USER,
                    env={"EDGERUN_MQTT_PASSWORD": PASSWORD})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == f"listen: 127.0.0.1:{broker.port}: listening on edgerun/+/detections\n"
+
+
+def test_listen_with_the_shared_password_file_listens(broker: Mosquitto, tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD + "\n")
+    proc = edgerun("listen", "--mqtt", f"127.0.0.1:{broker.port}", "--seconds", "1", "--mqtt-user", USER,
+                   "--mqtt-password-file", str(secret))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_station_that_never_reached_its_broker_exits_1_naming_why() -> None:
