@@ -242,6 +242,7 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     from edgerun.models.bundle import load_bundle
     from edgerun.ota.release import ReleaseSpec, build_release
     from edgerun.ota.transport_mqtt import publish_release
+    from edgerun.progress import phases
 
     control, host, port = _control(args)
     if not 0.0 < args.percent <= 100.0:
@@ -271,9 +272,12 @@ def cmd_fleet_publish(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     _copy_keys(args.keys, out)
     spec = ReleaseSpec(expires_days=args.expires_days, rollout_percent=args.percent, rollout_salt=salt)
-    release = build_release(args.release, out, spec, base_path=args.base, key=control.key)
-    m = release.manifest
-    publish_release(out, m.name, host, port, cfg=control.cfg)
+    with phases("fleet publish", 2) as progress:
+        progress.step("build the release (payload, delta, signature)")
+        release = build_release(args.release, out, spec, base_path=args.base, key=control.key)
+        m = release.manifest
+        progress.step(f"publish to mqtt://{host}:{port}")
+        publish_release(out, m.name, host, port, cfg=control.cfg)
     phase = "complete" if args.percent >= 100 else "canary"
     state = RolloutState(
         model=m.name,

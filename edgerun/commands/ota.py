@@ -176,7 +176,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
         full=not args.no_full,
         algorithm=args.algorithm,
     )
-    release = build_release(args.bundle, args.to, spec, base_path=args.base, key=key)
+    from edgerun.progress import phases
+
+    with phases("ota publish", 2 if args.mqtt else 1) as progress:
+        progress.step("build the release (payload, delta, signature)")
+        release = build_release(args.bundle, args.to, spec, base_path=args.base, key=key)
+        if args.mqtt:
+            from edgerun.ota.transport_mqtt import publish_release
+
+            progress.step(f"publish to mqtt://{args.mqtt}")
+            host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
+            publish_release(Path(args.to), release.manifest.name, host, port)
     m = release.manifest
     print(f"{m.name} v{m.version}: {release.directory}")
     if m.target.file:
@@ -192,10 +202,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
         comment = m.trusted_comment(int(time.time()))
         print(f"  sign it: minisign -S -s RELEASE.key -m {release.directory / 'manifest.json'} -t '{comment}'")
     if args.mqtt:
-        from edgerun.ota.transport_mqtt import publish_release
-
-        host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
-        publish_release(Path(args.to), m.name, host, port)
         print(f"  published to mqtt://{args.mqtt} edgerun/fleet/releases/{m.name} (retained)")
     return 0
 
