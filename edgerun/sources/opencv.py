@@ -267,7 +267,8 @@ class OpenCvSource(Source):
         if endpoint is None:
             return ""
         problem = tcp_problem(*endpoint, timeout_s=min(self.open_timeout_s, 2.0))
-        return problem or f"{endpoint[0]}:{endpoint[1]} accepts connections, but no video came"
+        where = f"{endpoint[0]}:{endpoint[1]}"
+        return problem or f"{where} answers, but the stream did not open (check its path and credentials)"
 
     def open(self) -> None:
         self.close()

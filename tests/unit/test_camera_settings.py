@@ -104,7 +104,7 @@ def test_a_silent_server_times_out_at_the_open_timeout():
         server.bind((LOOPBACK, port))
         server.listen(4)
         src = OpenCvSource(f"rtsp://{LOOPBACK}:{port}/live", open_timeout_s=1.0)
-        with pytest.raises(SourceError, match=r"could not be opened: 127.0.0.1:\d+ accepts connections, but no video"):
+        with pytest.raises(SourceError, match=r"opened: 127.0.0.1:\d+ answers, but the stream did not open \(check"):
             src.open()
 
 
