@@ -171,7 +171,7 @@ def probe_cameras(dev_dir: Path = DEV_DIR) -> list[dict[str, Any]]:
 
 
 def probe_broker(host: str, port: int, timeout_s: float) -> dict[str, Any]:
-    from edgerun.sources.opencv import tcp_problem
+    from edgerun.reachability import tcp_problem
 
     problem = tcp_problem(host, port, timeout_s)
     return {"address": f"{host}:{port}", "ok": not problem, **({"why": problem} if problem else {})}

@@ -30,7 +30,6 @@ import contextlib
 import logging
 import os
 import re
-import socket
 import stat
 import sys
 import time
@@ -42,6 +41,7 @@ import numpy as np
 
 from edgerun.config import SourceConfig
 from edgerun.errors import SourceError
+from edgerun.reachability import tcp_problem
 from edgerun.sources.base import Source
 from edgerun.types import FrameMeta
 
@@ -55,7 +55,8 @@ CAPTURE_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "http", "https", "udp", "tcp", "srt")
 _DEVICE_PATH = re.compile(r"^/dev/video\d+$")
 _URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://")
-_USERINFO = re.compile(r"(?<=://)(?P<user>[^/@:]*)(?P<secret>:[^/@]*)?@")
+# Up to the last "@" before the path: a password with a raw "@" in it is hidden whole.
+_USERINFO = re.compile(r"(?<=://)(?P<user>[^/@:]*)(?P<secret>:[^/]*)?@")
 
 
 def redact(uri: str) -> str:
@@ -77,6 +78,10 @@ def capture_options(transport: str, inherited: str | None) -> str:
     return "|".join(pairs)
 
 
+# Where a URL without a port connects (FFmpeg's defaults); srt, udp and tcp URLs always name one.
+DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "rtmp": 1935, "http": 80, "https": 443}
+
+
 def stream_endpoint(uri: str) -> tuple[str, int] | None:
     """(host, port) a network stream's URL connects to, or None when it names none (or no known port)."""
     try:
@@ -87,24 +92,6 @@ def stream_endpoint(uri: str) -> tuple[str, int] | None:
     if not parts.hostname or not port:
         return None
     return parts.hostname, port
-
-
-DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "rtmp": 1935, "http": 80, "https": 443}
-
-
-def tcp_problem(host: str, port: int, timeout_s: float) -> str:
-    """Why a TCP connect to host:port fails within ``timeout_s`` ("" when it connects): one short reason."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return ""
-    except ConnectionRefusedError:
-        return "connection refused"
-    except TimeoutError:
-        return f"no answer within {timeout_s:g} s"
-    except socket.gaierror as err:
-        return f"cannot resolve {host} ({err.strerror})"
-    except OSError as err:
-        return err.strerror or str(err)
 
 
 @contextlib.contextmanager

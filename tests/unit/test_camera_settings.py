@@ -28,6 +28,7 @@ from edgerun.testing.ports import LOOPBACK, free_port
         ("rtsp://admin:s3cret@10.0.0.5:554/stream1", "rtsp://admin:***@10.0.0.5:554/stream1"),
         ("rtsp://token123@cam.local/live", "rtsp://***@cam.local/live"),
         ("rtsp://admin:@cam/live", "rtsp://admin:***@cam/live"),
+        ("rtsp://admin:p@ss:w@rd@cam:554/live", "rtsp://admin:***@cam:554/live"),
         ("rtsp://cam.local:8554/live", "rtsp://cam.local:8554/live"),
         ("http://u:p@a/x http://v:q@b/y", "http://u:***@a/x http://v:***@b/y"),
         ("/dev/video0", "/dev/video0"),
