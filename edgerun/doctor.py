@@ -24,10 +24,13 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgerun.engines.base import ENGINE_MODULES
 from edgerun.engines.tflite import EDGETPU_LIBRARY
+
+if TYPE_CHECKING:
+    from edgerun.config import SourceConfig
 
 
 def _version(module_name: str) -> str:
@@ -177,7 +180,7 @@ def probe_broker(host: str, port: int, timeout_s: float) -> dict[str, Any]:
     return {"address": f"{host}:{port}", "ok": not problem, **({"why": problem} if problem else {})}
 
 
-def probe_source(cfg: Any) -> dict[str, Any]:
+def probe_source(cfg: SourceConfig) -> dict[str, Any]:
     """Open the configured camera as the node would (its own timeouts), read one frame, close it."""
     import numpy as np
 

@@ -226,7 +226,7 @@ class OpenCvSource(Source):
                 try:
                     return cv2.VideoCapture(self._target, self._api, params)
                 except cv2.error as err:
-                    raise SourceError(f"{self.description} could not be opened ({err.err or err})") from None
+                    raise SourceError(f"{self.description} could not be opened ({redact(str(err.err or err))})") from None
         for name, seconds in (
             ("CAP_PROP_OPEN_TIMEOUT_MSEC", self.open_timeout_s),
             ("CAP_PROP_READ_TIMEOUT_MSEC", self.read_timeout_s),
@@ -241,7 +241,7 @@ class OpenCvSource(Source):
             with quiet_opencv():
                 return cv2.VideoCapture(self._target, self._api, params)
         except cv2.error as err:
-            raise SourceError(f"{self.description} could not be opened ({err.err or err})") from None
+            raise SourceError(f"{self.description} could not be opened ({redact(str(err.err or err))})") from None
         finally:
             if inherited is None:
                 os.environ.pop(CAPTURE_OPTIONS_ENV, None)
