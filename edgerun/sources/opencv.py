@@ -221,27 +221,31 @@ class OpenCvSource(Source):
 
     def _capture(self) -> cv2.VideoCapture:
         params: list[int] = []
+        if self.kind == "stream":
+            for name, seconds in (
+                ("CAP_PROP_OPEN_TIMEOUT_MSEC", self.open_timeout_s),
+                ("CAP_PROP_READ_TIMEOUT_MSEC", self.read_timeout_s),
+            ):
+                prop = getattr(cv2, name, None)
+                if prop is not None:
+                    params += [prop, max(1, round(seconds * 1000))]
+        with self._stream_options(), quiet_opencv():
+            try:
+                return cv2.VideoCapture(self._target, self._api, params)
+            except cv2.error as err:
+                raise SourceError(f"{self.description} could not be opened ({redact(str(err.err or err))})") from None
+
+    @contextlib.contextmanager
+    def _stream_options(self) -> Iterator[None]:
+        """``OPENCV_FFMPEG_CAPTURE_OPTIONS`` for this stream while it opens (OpenCV reads it at each open; only
+        the capture thread opens, so setting it for the call is safe), then as it was."""
         if self.kind != "stream":
-            with quiet_opencv():
-                try:
-                    return cv2.VideoCapture(self._target, self._api, params)
-                except cv2.error as err:
-                    raise SourceError(f"{self.description} could not be opened ({redact(str(err.err or err))})") from None
-        for name, seconds in (
-            ("CAP_PROP_OPEN_TIMEOUT_MSEC", self.open_timeout_s),
-            ("CAP_PROP_READ_TIMEOUT_MSEC", self.read_timeout_s),
-        ):
-            prop = getattr(cv2, name, None)
-            if prop is not None:
-                params += [prop, max(1, round(seconds * 1000))]
-        # OpenCV reads the variable at each open; only the capture thread opens, so setting it here is safe.
+            yield
+            return
         inherited = os.environ.get(CAPTURE_OPTIONS_ENV)
         os.environ[CAPTURE_OPTIONS_ENV] = capture_options(self.transport, inherited)
         try:
-            with quiet_opencv():
-                return cv2.VideoCapture(self._target, self._api, params)
-        except cv2.error as err:
-            raise SourceError(f"{self.description} could not be opened ({redact(str(err.err or err))})") from None
+            yield
         finally:
             if inherited is None:
                 os.environ.pop(CAPTURE_OPTIONS_ENV, None)

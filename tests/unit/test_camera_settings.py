@@ -6,6 +6,7 @@ tests/integration/test_rtsp_camera.py.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -126,3 +127,15 @@ def test_ffmpegs_own_lines_stay_out_of_stderr_on_a_failed_open():
     assert "connection refused" in done.stdout
     assert "[tcp @" not in done.stderr and "s3cret" not in done.stderr + done.stdout, done.stderr
     assert "WARN" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("operators", [None, "buffer_size;1024000"])
+def test_the_capture_options_are_set_for_the_open_only(monkeypatch, operators):
+    """The variable is the process's: after an open (failed here) it is as the operator left it."""
+    if operators is None:
+        monkeypatch.delenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", raising=False)
+    else:
+        monkeypatch.setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", operators)
+    with pytest.raises(SourceError, match="connection refused"):
+        OpenCvSource(f"rtsp://{LOOPBACK}:{free_port()}/live", transport="udp").open()
+    assert os.environ.get("OPENCV_FFMPEG_CAPTURE_OPTIONS") == operators
