@@ -79,6 +79,15 @@ class SourceConfig(Section):
     kind: Literal["replay", "opencv", "images"] = "replay"
     # opencv: a file path, a V4L2 device index ("0"), an rtsp:// URL or a GStreamer pipeline.
     uri: str = ""
+    # opencv: a GStreamer pipeline instead of ``uri`` (appsink appended when missing); needs an OpenCV built with
+    # GStreamer, which pip's opencv-python wheels are not (checked at start, docs/camera.md).
+    pipeline: str = ""
+    # Network streams (rtsp://, http://, ...): how RTSP carries the video ("auto": FFmpeg tries UDP, then TCP;
+    # "tcp" by default because a lost UDP packet is a torn frame and NAT or firewalls often drop RTP over UDP) ...
+    transport: Literal["tcp", "udp", "auto"] = "tcp"
+    # ... and how long opening, and then each read, may wait for the camera before it counts as gone.
+    open_timeout_s: PositiveFloat = 5.0
+    read_timeout_s: PositiveFloat = 5.0
     # images: a directory of images or a video file.
     path: str = ""
     # Pace file/replay sources at this rate; 0 runs them as fast as the pipeline takes frames.
@@ -439,8 +448,10 @@ def _check_semantics(cfg: Config) -> None:
             raise ConfigError(f"engine.order[{i}]: expected one of {known}, got {key!r}")
     if cfg.engine.reprobe_max_s < cfg.engine.reprobe_min_s:
         raise ConfigError("engine.reprobe_max_s: expected >= engine.reprobe_min_s")
-    if cfg.source.kind == "opencv" and not cfg.source.uri:
-        raise ConfigError("source.uri: required when source.kind is 'opencv'")
+    if cfg.source.kind == "opencv" and not (cfg.source.uri or cfg.source.pipeline):
+        raise ConfigError("source.uri: required when source.kind is 'opencv' (or source.pipeline)")
+    if cfg.source.kind == "opencv" and cfg.source.uri and cfg.source.pipeline:
+        raise ConfigError("source.pipeline: give source.uri or source.pipeline, not both")
     if cfg.source.kind == "images" and not cfg.source.path:
         raise ConfigError("source.path: required when source.kind is 'images'")
     if cfg.source.reopen_backoff_max_s < cfg.source.reopen_backoff_s:

@@ -5,21 +5,32 @@ loading a model, so doctor runs in a second on any board. It also says which
 video back ends the OpenCV in use was built with: pip's OpenCV wheels have
 V4L2 and FFmpeg but no GStreamer, so on a Jetson the CSI camera pipeline
 (``nvarguscamerasrc``) needs JetPack's system OpenCV (docs/installing.md).
+
+It lists the V4L2 cameras it can see (``/dev/video*``) and whether this user
+may open them (permissions, the ``video`` group). Given a node config, it checks
+what the node would connect to: the MQTT broker (a TCP connect with a short
+timeout) and the camera (opened as the node opens it, credentials hidden), and
+exits 1 when either is unreachable (docs/camera.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import grp
 import importlib
 import json
 import os
 import platform
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgerun.engines.base import ENGINE_MODULES
 from edgerun.engines.tflite import EDGETPU_LIBRARY
+
+if TYPE_CHECKING:
+    from edgerun.config import SourceConfig
 
 
 def _version(module_name: str) -> str:
@@ -113,6 +124,96 @@ def probe_opencv() -> dict[str, Any]:
     return report
 
 
+DEV_DIR = Path("/dev")
+V4L2_SYSFS = Path("/sys/class/video4linux")
+_VIDEO_NODE = re.compile(r"^video(\d+)$")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def probe_camera_device(path: Path) -> dict[str, Any]:
+    """One ``/dev/videoN``: its name, owner group and mode, and whether this user can open it (and why not)."""
+    st = path.stat()
+    group = _group_name(st.st_gid)
+    entry: dict[str, Any] = {"path": str(path), "group": group, "mode": oct(st.st_mode & 0o777)}
+    try:
+        entry["name"] = (V4L2_SYSFS / path.name / "name").read_text().strip()
+    except OSError:
+        entry["name"] = ""
+    try:
+        # O_NONBLOCK: a V4L2 open never waits, and an open starts no capture.
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+    except OSError as err:
+        entry["ok"] = False
+        if err.errno in (errno.EACCES, errno.EPERM):
+            member = st.st_gid == os.getegid() or st.st_gid in os.getgroups()
+            entry["why"] = (
+                f"permission denied ({entry['mode']}, group {group})"
+                if member
+                else f"permission denied: this user is not in group {group} "
+                f"(sudo usermod -aG {group} $USER, then log in again)"
+            )
+        elif err.errno == errno.EBUSY:
+            entry["why"] = "busy: another process has it open"
+        else:
+            entry["why"] = err.strerror or str(err)
+        return entry
+    entry["ok"] = True
+    return entry
+
+
+def probe_cameras(dev_dir: Path = DEV_DIR) -> list[dict[str, Any]]:
+    """Every ``videoN`` node under ``dev_dir``, in number order."""
+    nodes = [(int(m.group(1)), p) for p in dev_dir.glob("video*") if (m := _VIDEO_NODE.match(p.name))]
+    return [probe_camera_device(path) for _, path in sorted(nodes)]
+
+
+def probe_broker(host: str, port: int, timeout_s: float) -> dict[str, Any]:
+    from edgerun.reachability import tcp_problem
+
+    problem = tcp_problem(host, port, timeout_s)
+    return {"address": f"{host}:{port}", "ok": not problem, **({"why": problem} if problem else {})}
+
+
+def probe_source(cfg: SourceConfig) -> dict[str, Any]:
+    """Open the configured camera as the node would (its own timeouts), read one frame, close it."""
+    import numpy as np
+
+    from edgerun.errors import EdgerunError
+    from edgerun.sources import make_source
+
+    source = make_source(cfg)
+    described = str(getattr(source, "description", cfg.kind))
+    try:
+        source.open()
+        image = np.zeros((source.height, source.width, 3), np.uint8)
+        source.read(image, 0)
+    except EdgerunError as err:
+        return {"source": described, "ok": False, "why": str(err)}
+    finally:
+        source.close()
+    return {"source": described, "ok": True, "size": [source.width, source.height], "fps": source.fps}
+
+
+def probe_config(config_path: str, timeout_s: float) -> dict[str, Any]:
+    """What the node configured in ``config_path`` connects to: its broker and its camera."""
+    from edgerun.config import load_config
+
+    cfg = load_config(config_path)
+    report: dict[str, Any] = {"path": config_path}
+    mqtt = cfg.sinks.mqtt
+    if mqtt.enabled or (cfg.ota.enabled and cfg.ota.mqtt):
+        report["broker"] = probe_broker(mqtt.host, mqtt.port, timeout_s)
+    if cfg.source.kind == "opencv":
+        report["camera"] = probe_source(cfg.source)
+    return report
+
+
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "tflite": probe_tflite,
     "edgetpu": probe_edgetpu,
@@ -121,25 +222,36 @@ PROBES: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-def doctor_report() -> dict[str, Any]:
+def doctor_report(config_path: str | None = None, timeout_s: float = 2.0) -> dict[str, Any]:
     backends = {key: PROBES[key]() for key in PROBES}
     for key, result in backends.items():
         result["registered"] = key in ENGINE_MODULES
-    return {
+    report = {
         "machine": platform.machine(),
         "python": platform.python_version(),
         "numpy": _version("numpy"),
         "opencv": _version("cv2"),
         "opencv_video_io": probe_opencv(),
         "backends": backends,
+        "cameras": probe_cameras(),
     }
+    if config_path is not None:
+        report["config"] = probe_config(config_path, timeout_s)
+    return report
 
 
-def run_doctor(as_json: bool = False) -> int:
-    report = doctor_report()
+def reachable(report: dict[str, Any]) -> bool:
+    """False when the configured broker or camera did not answer."""
+    config = report.get("config", {})
+    return all(config[key]["ok"] for key in ("broker", "camera") if key in config)
+
+
+def run_doctor(as_json: bool = False, config_path: str | None = None, timeout_s: float = 2.0) -> int:
+    report = doctor_report(config_path, timeout_s)
+    code = 0 if reachable(report) else 1
     if as_json:
         print(json.dumps(report, indent=2))
-        return 0
+        return code
     print(f"machine {report['machine']}, python {report['python']}, numpy {report['numpy']}, opencv {report['opencv']}")
     video = report["opencv_video_io"]
     has = ", ".join(f"{key} {'yes' if video[key] else 'no'}" for key in VIDEO_IO)
@@ -152,4 +264,27 @@ def run_doctor(as_json: bool = False) -> int:
             print(f"  {key:9s} ok    {result.get('library', '')} {result.get('version', '')}  devices: {devices}")
         else:
             print(f"  {key:9s} no    {result['why']}")
-    return 0
+    cameras = report["cameras"]
+    if not cameras:
+        print("  cameras   none found (no /dev/video*)")
+    for i, cam in enumerate(cameras):
+        label = "cameras" if i == 0 else ""
+        name = f" ({cam['name']})" if cam["name"] else ""
+        state = "ok   " if cam["ok"] else "no   "
+        detail = f"group {cam['group']}, {cam['mode']}" if cam["ok"] else cam["why"]
+        print(f"  {label:9s} {state} {cam['path']}{name}  {detail}")
+    if "config" in report:
+        config = report["config"]
+        print(f"config {config['path']}:")
+        if "broker" in config:
+            broker = config["broker"]
+            said = "reachable" if broker["ok"] else f"unreachable: {broker['why']}"
+            print(f"  broker    {'ok' if broker['ok'] else 'no':5s} {broker['address']} {said}")
+        if "camera" in config:
+            cam = config["camera"]
+            if cam["ok"]:
+                width, height = cam["size"]
+                print(f"  camera    ok    {cam['source']}: a {width}x{height} frame read ({cam['fps']:g} fps)")
+            else:
+                print(f"  camera    no    {cam['why']}")
+    return code

@@ -36,6 +36,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edgerun.backoff import backoff_delay as backoff_delay  # re-exported: the MQTT users' retry delay
 from edgerun.config import MqttSinkConfig
 from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
 
@@ -81,11 +82,6 @@ class Will:
 def unique_client_id(prefix: str) -> str:
     """``prefix`` plus a random suffix: two processes of the same kind never take each other's session."""
     return f"{prefix}-{secrets.token_hex(4)}"
-
-
-def backoff_delay(attempt: int, base_s: float, cap_s: float, rand: Callable[[float, float], float]) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    return rand(0.0, min(cap_s, base_s * (2.0 ** min(attempt, 30))))
 
 
 def describe_connect_error(err: BaseException, connect_timeout_s: float) -> str:

@@ -619,6 +619,8 @@ class Node:
             "detections": stats.detections,
             "dropped": stats.dropped_total,
             "dropped_by_reason": {f"{s}/{r}": n for (s, r), n in sorted(stats.dropped.items())},
+            "source_reconnects": stats.source_reconnects,
+            "source_lost": stats.source_lost,  # frames a live source did not deliver while it was gone
             "stage_ms_p50": {
                 name: round(s.latency.percentile_ms(50), 3) for name, s in stats.stages.items() if s.frames
             },

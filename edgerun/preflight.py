@@ -12,7 +12,8 @@ it names (a key file, a TLS file, a directory's permissions) and raises a
 * the bundle: ``model.bundle`` exists and is a directory or a file
   (``ModelError``, also exit 2; its contents are checked when it is loaded,
   the next step);
-* inputs: ``source.path`` for an images source, ``source.replay.scene``;
+* inputs: ``source.path`` for an images source, ``source.replay.scene``; a
+  GStreamer ``source.pipeline`` needs an OpenCV built with GStreamer;
 * the swarm: ``swarm.key_file`` holds valid keys, ``swarm.bind`` and ``swarm.seeds`` are host:port;
 * the camera: ``service.snapshot_token_file`` holds a one-line token;
 * writable state: ``engine.state_dir`` (crash breadcrumbs, when an
@@ -79,6 +80,15 @@ def check_inputs(cfg: Config) -> None:
         raise ConfigError(f"source.path: {src.path} not found")
     if src.kind == "replay" and src.replay.scene and not Path(src.replay.scene).is_file():
         raise ConfigError(f"source.replay.scene: {src.replay.scene} not found")
+    if src.kind == "opencv" and (src.pipeline or "!" in src.uri):
+        import cv2
+
+        if not cv2.videoio_registry.hasBackend(cv2.CAP_GSTREAMER):
+            key = "source.pipeline" if src.pipeline else "source.uri"
+            raise ConfigError(
+                f"{key}: a GStreamer pipeline needs an OpenCV built with GStreamer, and OpenCV {cv2.__version__} "
+                f"at {Path(cv2.__file__).parent} has none (pip's opencv-python wheels never do; docs/camera.md)"
+            )
 
 
 def check_writable_dirs(cfg: Config) -> None:

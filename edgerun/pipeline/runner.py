@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Callable, Protocol
 import cv2
 import numpy as np
 
+from edgerun.backoff import backoff_delay
 from edgerun.engines.runtime import FrameLost, ModelRuntime, ProblemReporter
 from edgerun.errors import SourceError
 from edgerun.pipeline.admission import EngineSlots
@@ -43,6 +45,8 @@ from edgerun.types import DetectionBatch
 
 log = logging.getLogger(__name__)
 
+# Reconnect delays: nodes that lost one camera server must not all retry it in step.
+_jitter = random.Random().uniform
 # How long finished batches wait, at most, for an earlier frame whose call has not returned.
 ORDER_WAIT_S = 5.0
 
@@ -339,10 +343,11 @@ class Pipeline:
         (``source_error``: why it did not open, kept as the health reason)."""
         self._source_open = source_open
         self._source_error = source_error
-        settings = self.settings
         self._next_due = time.monotonic()
         self._seq = 0
-        self._backoff = settings.reopen_backoff_s
+        self._source_failures = 0  # failed reads and opens since the last frame: the backoff's exponent
+        self._opened_at = time.monotonic()
+        self._captured_at_open = 0
         if self.workers >= self._cores:
             # Every core already has a worker on a frame of its own; OpenCV's thread pool splitting a
             # small resize across cores would only add wake-ups (measured: +8 % BlazeFace fps with
@@ -422,7 +427,7 @@ class Pipeline:
         if not self._source_open:
             self._source_open = True
             reason = self._source_error or f"source {source.KEY} not available at start"
-            self._backoff = self._reopen(reason, self._backoff)
+            self._reopen(reason)
         period = self._period
         while not self._stop.is_set():
             due, skip_before, skip_after = 0.0, 0, 0
@@ -458,13 +463,13 @@ class Pipeline:
             except SourceError as err:
                 self.pool.release(slot)
                 stats.source_errors += 1
-                self._backoff = self._reopen(str(err), self._backoff)
+                self._reopen(str(err))
                 continue
             if meta is None:
                 self.pool.release(slot)
                 self.end_of_stream.set()
                 return None
-            self._backoff = settings.reopen_backoff_s
+            self._source_failures = 0
             stats.stages["capture"].record(time.monotonic() - t0)
             if self._skip_stale and t_read > due:
                 # Read on demand after it fell due: back-date it by the time it waited, as if a
@@ -485,25 +490,47 @@ class Pipeline:
         self.stats.captured += skipped
         self.stats.drop("capture", self.settings.policy, skipped)
 
-    def _reopen(self, reason: str, backoff: float) -> float:
-        """Close and reopen the source until it works or we are stopped; returns the next backoff."""
-        log.warning("source failed: %s; reopening", reason)
+    def _frame_rate(self) -> float:
+        """The source's frame rate: its nominal one, else what it delivered since it was last opened."""
+        if self.source.fps > 0:
+            return self.source.fps
+        elapsed = time.monotonic() - self._opened_at
+        frames = self.stats.captured - self._captured_at_open
+        return frames / elapsed if elapsed > 1.0 and frames > 1 else 0.0
+
+    def _reopen(self, reason: str) -> None:
+        """Close and reopen the source, with jittered exponential backoff, until it works or we are stopped.
+
+        The node stays up and ``degraded`` with the reason meanwhile; once the source is back, the frames
+        it would have delivered during the outage are counted as lost (``source_lost``).
+        """
+        settings, stats = self.settings, self.stats
+        log.warning("source failed: %s; reconnecting", reason)
         if self.health is not None:
             self.health.set_problem("source", reason)
+        rate, failed_at = self._frame_rate(), time.monotonic()
         self.source.close()
-        while not self._stop.wait(backoff):
-            backoff = min(backoff * 2, self.settings.reopen_backoff_max_s)
+        while not self._stop.wait(
+            backoff_delay(self._source_failures, settings.reopen_backoff_s, settings.reopen_backoff_max_s, _jitter)
+        ):
+            self._source_failures += 1
             try:
                 self.source.open()
             except Exception as err:
                 if self.health is not None:
-                    self.health.set_problem("source", f"{reason}; reopen failed: {err}")
+                    self.health.set_problem("source", f"{reason}; reconnect failed: {err}")
                 continue
-            log.info("source reopened")
+            self._opened_at = now = time.monotonic()
+            self._captured_at_open = stats.captured
+            outage = now - failed_at
+            lost = round(outage * rate)
+            stats.source_reconnects += 1
+            stats.source_lost += lost
+            stats.source_outage_s = outage
+            log.info("source back after %.2f s (%d tries); about %d frames lost", outage, self._source_failures, lost)
             if self.health is not None:
                 self.health.clear_problem("source")
-            return self.settings.reopen_backoff_s
-        return backoff
+            return
 
     # Per-frame steps, shared by the separate stage threads and the fused worker.
 

@@ -73,6 +73,11 @@ class PipelineStats:
         self.published = 0
         self.detections = 0
         self.source_errors = 0
+        # A live source that went away: how often it came back, and the frames it would have delivered meanwhile
+        # (outage x its frame rate; never captured, so outside captured = published + dropped).
+        self.source_reconnects = 0
+        self.source_lost = 0
+        self.source_outage_s = 0.0  # the last outage, from the failed read to the frame source open again
         # (stage, reason) -> frames dropped there for that reason.
         self.dropped: collections.Counter[tuple[str, str]] = collections.Counter()
         self._drop_lock = threading.Lock()  # several threads drop frames

@@ -127,6 +127,17 @@ class NodeCollector:
         yield counter("edgerun_batches_published", "Detection batches handed to the sinks.", stats.published)
         yield counter("edgerun_detections", "Detections produced.", stats.detections)
         yield counter("edgerun_source_errors", "Times the source failed and was reopened.", stats.source_errors)
+        yield counter("edgerun_source_reconnects", "Times a failed source came back.", stats.source_reconnects)
+        yield counter(
+            "edgerun_source_frames_lost",
+            "Frames a live source would have delivered while it was gone (outage x its frame rate).",
+            stats.source_lost,
+        )
+        yield gauge(
+            "edgerun_source_last_outage_seconds",
+            "The last source outage, from the failed read until the source was open again.",
+            stats.source_outage_s,
+        )
         dropped = CounterMetricFamily(
             "edgerun_frames_dropped", "Frames dropped, by stage and reason.", labels=["stage", "reason"]
         )

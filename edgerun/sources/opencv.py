@@ -5,9 +5,17 @@ One ``uri`` says what to open:
 * ``"0"`` or ``"/dev/video0"``: a V4L2 camera (on Linux; the default back end elsewhere);
 * ``rtsp://``, ``rtsps://``, ``rtmp://``, ``http(s)://``, ``udp://``, ``tcp://``, ``srt://``:
   a network stream through FFmpeg, with short open/read timeouts so a dead
-  camera fails in seconds instead of blocking the capture thread;
-* anything containing ``!``: a GStreamer pipeline (``appsink`` is appended if missing);
+  camera fails in seconds instead of blocking the capture thread, and RTSP over
+  the configured transport (``OPENCV_FFMPEG_CAPTURE_OPTIONS``, set for each open);
+* anything containing ``!`` (or ``source.pipeline``): a GStreamer pipeline
+  (``appsink`` is appended if missing);
 * anything else: a video file.
+
+Credentials in a URL (``rtsp://user:password@host/...``) never reach a log
+line, a health reason or a payload: everything shown goes through ``redact``.
+FFmpeg's own log lines (``[tcp @ 0x...] Connection ... failed``) are kept out of
+the journal; a failed open says why in one line instead, from a short TCP
+connect of its own.
 
 A live source that stops delivering raises ``SourceError`` so the capture stage
 reopens it with backoff; a file ends with ``None`` or, with ``loop``, rewinds.
@@ -25,6 +33,7 @@ import re
 import stat
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 
 import cv2
@@ -32,22 +41,57 @@ import numpy as np
 
 from edgerun.config import SourceConfig
 from edgerun.errors import SourceError
+from edgerun.reachability import tcp_problem
 from edgerun.sources.base import Source
 from edgerun.types import FrameMeta
 
 log = logging.getLogger(__name__)
 
+# FFmpeg's log level is read once, when OpenCV first loads FFmpeg: quiet by default (a failed open would
+# print "[tcp @ 0x...] Connection to tcp://... failed" to stderr). Set OPENCV_FFMPEG_LOGLEVEL to see them.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
+CAPTURE_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "http", "https", "udp", "tcp", "srt")
-# Bounds how long a dead network camera can hold the capture thread in open() or read().
-STREAM_TIMEOUT_MS = 5000
 _DEVICE_PATH = re.compile(r"^/dev/video\d+$")
 _URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://")
-_USERINFO = re.compile(r"(?<=://)[^/@]*@")
+# Up to the last "@" before the path: a password with a raw "@" in it is hidden whole.
+_USERINFO = re.compile(r"(?<=://)(?P<user>[^/@:]*)(?P<secret>:[^/]*)?@")
 
 
 def redact(uri: str) -> str:
-    """The uri with any ``user:password@`` removed, for messages and logs."""
-    return _USERINFO.sub("***@", uri)
+    """The uri with the password of ``user:password@`` hidden (``user:***@``), for messages, logs and payloads;
+    a lone ``token@`` is hidden whole (it is the secret)."""
+    return _USERINFO.sub(lambda m: f"{m['user']}:***@" if m["secret"] is not None else "***@", uri)
+
+
+def capture_options(transport: str, inherited: str | None) -> str:
+    """The ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` value for an open: ``key;value`` pairs joined by ``|``.
+
+    OpenCV asks FFmpeg for RTSP over TCP only when the variable is unset, so it is always set here: with
+    ``rtsp_transport`` from ``source.transport`` (none for "auto": FFmpeg then tries UDP, then TCP), followed by
+    whatever the operator set in the environment (later pairs win, so theirs override ours).
+    """
+    pairs = [] if transport == "auto" else [f"rtsp_transport;{transport}"]
+    if inherited:
+        pairs.append(inherited)
+    return "|".join(pairs)
+
+
+# Where a URL without a port connects (FFmpeg's defaults); srt, udp and tcp URLs always name one.
+DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "rtmp": 1935, "http": 80, "https": 443}
+
+
+def stream_endpoint(uri: str) -> tuple[str, int] | None:
+    """(host, port) a network stream's URL connects to, or None when it names none (or no known port)."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    if not parts.hostname or not port:
+        return None
+    return parts.hostname, port
 
 
 @contextlib.contextmanager
@@ -91,12 +135,28 @@ class OpenCvSource(Source):
 
     KEY = "opencv"
 
-    def __init__(self, uri: str, *, width: int = 0, height: int = 0, loop: bool = False) -> None:
-        """``width``/``height``: the size asked of a camera and the size of the frames handed out (0: native)."""
+    def __init__(
+        self,
+        uri: str,
+        *,
+        width: int = 0,
+        height: int = 0,
+        loop: bool = False,
+        pipeline: bool = False,
+        transport: str = "tcp",
+        open_timeout_s: float = 5.0,
+        read_timeout_s: float = 5.0,
+    ) -> None:
+        """``width``/``height``: the size asked of a camera and the size of the frames handed out (0: native);
+        ``pipeline``: ``uri`` is a GStreamer pipeline even without a ``!``; ``transport`` and the timeouts apply
+        to network streams."""
         self.uri = uri
         self.requested = (width, height)
         self.loop = loop
-        self.kind, self._target, self._api = self._classify(uri)
+        self.transport = transport
+        self.open_timeout_s = open_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.kind, self._target, self._api = self._classify(uri, pipeline)
         # A recorded file decodes faster than real time: let the capture stage pace it at source.fps.
         self.synthetic_clock = self.kind == "file"
         self.description = self._describe()
@@ -108,21 +168,30 @@ class OpenCvSource(Source):
 
     @classmethod
     def from_config(cls, cfg: SourceConfig) -> OpenCvSource:
-        return cls(cfg.uri, width=cfg.width, height=cfg.height, loop=cfg.loop)
+        return cls(
+            cfg.pipeline or cfg.uri,
+            width=cfg.width,
+            height=cfg.height,
+            loop=cfg.loop,
+            pipeline=bool(cfg.pipeline),
+            transport=cfg.transport,
+            open_timeout_s=cfg.open_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
+        )
 
     # -- what the uri names ------------------------------------------------------
 
     @staticmethod
-    def _classify(uri: str) -> tuple[str, str | int, int]:
+    def _classify(uri: str, pipeline: bool = False) -> tuple[str, str | int, int]:
         """(kind, what to pass to VideoCapture, back end) for a uri."""
         linux = sys.platform.startswith("linux")
         v4l2 = cv2.CAP_V4L2 if linux else cv2.CAP_ANY
         text = uri.strip()
-        if text.isdigit():
+        if not pipeline and text.isdigit():
             return "camera", int(text), v4l2
-        if _DEVICE_PATH.match(text):
+        if not pipeline and _DEVICE_PATH.match(text):
             return "camera", text, v4l2
-        if "!" in text:
+        if pipeline or "!" in text:
             if "appsink" not in text:
                 # Newest frame only: a slow consumer must not build up latency inside GStreamer.
                 text += " ! videoconvert ! video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false"
@@ -153,15 +222,44 @@ class OpenCvSource(Source):
     def _capture(self) -> cv2.VideoCapture:
         params: list[int] = []
         if self.kind == "stream":
-            for name in ("CAP_PROP_OPEN_TIMEOUT_MSEC", "CAP_PROP_READ_TIMEOUT_MSEC"):
+            for name, seconds in (
+                ("CAP_PROP_OPEN_TIMEOUT_MSEC", self.open_timeout_s),
+                ("CAP_PROP_READ_TIMEOUT_MSEC", self.read_timeout_s),
+            ):
                 prop = getattr(cv2, name, None)
                 if prop is not None:
-                    params += [prop, STREAM_TIMEOUT_MS]
-        with quiet_opencv():
+                    params += [prop, max(1, round(seconds * 1000))]
+        with self._stream_options(), quiet_opencv():
             try:
                 return cv2.VideoCapture(self._target, self._api, params)
             except cv2.error as err:
-                raise SourceError(f"{self.description} could not be opened ({err.err or err})") from None
+                raise SourceError(f"{self.description} could not be opened ({redact(str(err.err or err))})") from None
+
+    @contextlib.contextmanager
+    def _stream_options(self) -> Iterator[None]:
+        """``OPENCV_FFMPEG_CAPTURE_OPTIONS`` for this stream while it opens (OpenCV reads it at each open; only
+        the capture thread opens, so setting it for the call is safe), then as it was."""
+        if self.kind != "stream":
+            yield
+            return
+        inherited = os.environ.get(CAPTURE_OPTIONS_ENV)
+        os.environ[CAPTURE_OPTIONS_ENV] = capture_options(self.transport, inherited)
+        try:
+            yield
+        finally:
+            if inherited is None:
+                os.environ.pop(CAPTURE_OPTIONS_ENV, None)
+            else:
+                os.environ[CAPTURE_OPTIONS_ENV] = inherited
+
+    def why_not_open(self) -> str:
+        """A short reason a stream did not open, found with a TCP connect of our own (FFmpeg's is not logged)."""
+        endpoint = stream_endpoint(str(self._target)) if self.kind == "stream" else None
+        if endpoint is None:
+            return ""
+        problem = tcp_problem(*endpoint, timeout_s=min(self.open_timeout_s, 2.0))
+        where = f"{endpoint[0]}:{endpoint[1]}"
+        return problem or f"{where} answers, but the stream did not open (check its path and credentials)"
 
     def open(self) -> None:
         self.close()
@@ -174,7 +272,8 @@ class OpenCvSource(Source):
         cap = self._capture()
         if not cap.isOpened():
             cap.release()
-            raise SourceError(f"{self.description} could not be opened")
+            why = self.why_not_open()
+            raise SourceError(f"{self.description} could not be opened" + (f": {why}" if why else ""))
         want_w, want_h = self.requested
         if self.kind == "camera":
             # Newest frame first: a deep driver queue would add latency, never information.
