@@ -16,7 +16,7 @@ all: test
 $(INSTALLED): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint,docs,onnx,dds,mavlink,mcu,mcu-check,hil]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,test,lint,docs,onnx,dds,mavlink,mcu,mcu-check,hil,tracing]'
 	touch $@
 
 venv: $(INSTALLED)

@@ -279,6 +279,21 @@ class SwarmConfig(Section):
     timing: SwarmTimingConfig = msgspec.field(default_factory=SwarmTimingConfig)
 
 
+class TracingConfig(Section):
+    """OpenTelemetry traces of frames (edgerun.tracing), exported as OTLP over HTTP; off unless enabled."""
+
+    enabled: bool = False
+    # An OTLP/HTTP traces endpoint: an OpenTelemetry Collector, Jaeger or Tempo (their default port is 4318).
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    # The share of frames traced: 0.01 is one frame in a hundred, enough to see where time goes at 15 fps.
+    sample_ratio: Fraction = 0.01
+    service_name: str = "edgerun"
+    headers: dict[str, str] = msgspec.field(default_factory=dict)  # e.g. an API key the collector asks for
+    export_interval_s: PositiveFloat = 2.0
+    export_timeout_s: PositiveFloat = 5.0
+    max_queue_spans: PositiveInt = 4096  # spans waiting for export; beyond this they are dropped, never blocking
+
+
 class Config(Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
@@ -290,6 +305,7 @@ class Config(Section):
     ota: OtaConfig = msgspec.field(default_factory=OtaConfig)
     swarm: SwarmConfig = msgspec.field(default_factory=SwarmConfig)
     mcu: McuConfig = msgspec.field(default_factory=McuConfig)
+    tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
 
     @property
     def node_id(self) -> str:
@@ -473,6 +489,9 @@ def _check_semantics(cfg: Config) -> None:
     mqtt = cfg.sinks.mqtt
     if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
         raise ConfigError("sinks.mqtt.tls_key: tls_cert and tls_key must be given together")
+    tracing = cfg.tracing
+    if tracing.enabled and not re.match(r"^https?://[^/\s]+(/\S*)?$", tracing.endpoint):
+        raise ConfigError(f"tracing.endpoint: expected an http:// or https:// URL, got {tracing.endpoint!r}")
     ota = cfg.ota
     if ota.enabled and not ota.root_keys:
         raise ConfigError("ota.root_keys: required when ota.enabled is true")

@@ -114,6 +114,8 @@ class Node:
         self.last_pose: Pose | None = None  # the camera pose of the latest frame that had one
         self.pose_source: Any = None  # edgerun.sources.pose_mavlink.MavlinkPoseSource when source.pose is set
         self.mcu: Any = None  # edgerun.mcu.bridge.McuBridge when mcu.enabled
+        self.tracer: Any = None  # edgerun.tracing.FrameTracer when tracing.enabled
+        self._sink_keys: list[str] = []
         self.source: Source | None = None
         self._source_error = ""  # why the source did not open at start ("" when it did)
         self._starting: Failover | None = None  # the failover being opened by build, until it serves
@@ -184,6 +186,8 @@ class Node:
             self.health.mark_running()
         for sink in self.sinks:
             sink.submit(batch, now)
+        if self.tracer is not None:
+            self.tracer.frame(batch, time.monotonic(), self._sink_keys)
         if self.fleet is not None:
             self.fleet.observe(batch)
         for observe in self.observers:
@@ -376,6 +380,8 @@ class Node:
         assert self._stop is not None and self.source is not None
         services = self._services
         try:
+            if self.cfg.tracing.enabled:
+                self._start_tracing()
             await self._start_sinks()
             if self.cfg.source.pose.kind == "mavlink":
                 await self._start_pose()
@@ -465,10 +471,22 @@ class Node:
             sink = sink_class(key)(section, self.node_id)
             await sink.start()
             self.sinks.append(sink)
+            self._sink_keys.append(key)
         for sink in self.sinks:
             setter: Any = getattr(sink, "set_metrics_provider", None)
             if setter is not None:
                 setter(self.summary)
+
+    def _start_tracing(self) -> None:
+        from edgerun.tracing import FrameTracer
+
+        tracer = FrameTracer(self.cfg.tracing, self.node_id)
+        self.tracer = tracer
+
+        async def close() -> None:  # after the sinks closed (pushed first, so popped last): the last frames' spans
+            await asyncio.get_running_loop().run_in_executor(None, tracer.close)
+
+        self._services.push_async_callback(close)
 
     async def _start_pose(self) -> None:
         """Live camera pose from the autopilot; a link that will not open leaves the node degraded, not down."""

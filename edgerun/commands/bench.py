@@ -19,6 +19,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from edgerun.bench.ota import run_ota_bench_command
 
         return run_ota_bench_command(args)
+    if args.tracing:
+        from edgerun.bench.tracing import run_tracing_bench_command
+
+        return run_tracing_bench_command(args)
     if args.failover:
         from edgerun.bench.failover import run_failover_bench_command
 
@@ -51,6 +55,11 @@ def add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument(
         "--sinks", action="store_true", help="measure the sinks instead: MQTT/DDS throughput, latency, pipeline cost"
+    )
+    bench.add_argument(
+        "--tracing",
+        action="store_true",
+        help="measure what tracing costs instead: node fps with tracing off, at 1 %% and at 100 %% sampling",
     )
     bench.add_argument("--repeats", type=int, default=10, help="--failover: injected faults of each kind")
     bench.add_argument(

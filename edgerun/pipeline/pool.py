@@ -42,7 +42,8 @@ class FrameSlot:
     outputs: list[np.ndarray] = field(default_factory=list)
     runtime: Any = None  # the ModelRuntime this frame is bound to while in flight
     meta: FrameMeta | None = None
-    # Monotonic end time of each stage for this frame; written in place, no per-frame dict.
+    # Monotonic end time of each stage for this frame (and when its read began); written in place, no per-frame dict.
+    t_read: float = 0.0
     t_preprocessed: float = 0.0
     t_inferred: float = 0.0
     engine_key: str = ""

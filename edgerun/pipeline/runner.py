@@ -477,6 +477,7 @@ class Pipeline:
                 meta.wall_time -= t_read - due
                 meta.t_capture -= t_read - due
             slot.meta = meta
+            slot.t_read = t_read
             self._seq += 1
             stats.captured += 1
             return slot
@@ -601,7 +602,7 @@ class Pipeline:
             model_name=model.name,
             model_version=model.version,
             engine=slot.engine_key,
-            stamps={"preprocessed": slot.t_preprocessed, "inferred": slot.t_inferred},
+            stamps={"read": slot.t_read, "preprocessed": slot.t_preprocessed, "inferred": slot.t_inferred},
         )
         t1 = time.monotonic()
         batch.stamps["decoded"] = t1

@@ -211,6 +211,16 @@ class NodeCollector:
                     "Model versions this node rolled back (never retried).",
                     len(installed.rejected),
                 )
+        tracer = getattr(node, "tracer", None)
+        if tracer is not None:
+            counts = tracer.counts.snapshot()
+            yield counter("edgerun_trace_frames_sampled", "Frames recorded as traces.", counts["frames_sampled"])
+            yield counter("edgerun_trace_spans_exported", "Spans the OTLP collector took.", counts["spans_exported"])
+            yield counter(
+                "edgerun_trace_spans_failed",
+                "Spans the OTLP collector refused or could not be sent (collector down or slow).",
+                counts["spans_failed"],
+            )
         failover = getattr(node, "failover", None)
         if failover is not None:
             active = GaugeMetricFamily(
