@@ -4,6 +4,7 @@ config validation."""
 
 from __future__ import annotations
 
+import configparser
 import ipaddress
 import json
 import os
@@ -242,3 +243,27 @@ def test_the_image_bakes_the_model_its_config_names_and_runs_as_a_service_user(d
     assert users and users[-1] == "10001:10001", users
     assert "--uid 10001" in next(line for line in lines if "useradd" in line)
     assert any(line.startswith("ENTRYPOINT ") and "supervise.py" in line for line in lines)
+
+
+def dds_pin() -> str:
+    """The cyclonedds version setup.cfg's [dds] extra pins (an exact ==, or the test fails naming the line)."""
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    lines = [line.strip() for line in parser["options.extras_require"]["dds"].splitlines() if line.strip()]
+    pins = [line for line in lines if line.startswith("cyclonedds")]
+    assert len(pins) == 1 and re.fullmatch(r"cyclonedds==[0-9.]+", pins[0]), pins
+    return pins[0].split("==")[1]
+
+
+@pytest.mark.parametrize("device_class", DEVICE_CLASSES)
+def test_the_dds_binding_and_the_c_library_the_image_builds_are_one_version(device_class):
+    """pip builds the binding against the C library the Dockerfile builds: a newer binding would not compile."""
+    text = (BALENA / device_class / "Dockerfile.template").read_text()
+    built = re.findall(r"^ARG CYCLONEDDS_VERSION=(\S+)$", text, re.M)
+    assert built == [dds_pin()], (built, dds_pin())
+    assert '--branch "${CYCLONEDDS_VERSION}"' in text and '".[dds]"' in text
+
+
+def test_the_installing_page_builds_the_same_c_library():
+    text = (REPO / "docs/installing.md").read_text()
+    assert re.findall(r"git clone --branch (\S+) --depth 1 \S+/cyclonedds\b", text) == [dds_pin()]
