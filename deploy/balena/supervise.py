@@ -21,9 +21,21 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: supervise.py COMMAND [ARGS...]", file=sys.stderr)
         return EXIT_NEEDS_A_PERSON
+    started: list[subprocess.Popen[bytes]] = []
+    stop_before_start: list[int] = []
+
+    def pass_on(signum: int, _frame: object) -> None:  # `docker stop` sends SIGTERM to PID 1: us
+        if started:
+            started[0].send_signal(signum)
+        else:
+            stop_before_start.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before the node starts: no signal is lost
+        signal.signal(sig, pass_on)
     node = subprocess.Popen(argv)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # `docker stop` sends SIGTERM to PID 1: us
-        signal.signal(sig, lambda signum, _frame: node.send_signal(signum))
+    started.append(node)
+    for signum in stop_before_start:
+        node.send_signal(signum)
     code = node.wait()
     if code == EXIT_NEEDS_A_PERSON:
         print(
