@@ -9,7 +9,7 @@ MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/m
 SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz
+.PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz verify-unit
 
 all: test
 
@@ -42,6 +42,12 @@ demo: $(MODELS)
 
 test: $(MODELS) $(SAMPLES) system-deps
 	$(BIN)/python -m pytest -q
+
+# The systemd unit verified as a board loads it (plain `systemd-analyze verify` fails here: ExecStart is not
+# installed): install.sh into a scratch DESTDIR, then verify and security with --root. BOARD=pi|coral|jetson.
+BOARD ?= generic
+verify-unit: $(INSTALLED)
+	PYTHON=$(BIN)/python bash deploy/verify-unit.sh --board $(BOARD)
 
 # Python property tests (hypothesis; not the MCU's libFuzzer, that is mcu-fuzz) with fresh random examples,
 # FUZZ_EXAMPLES per test (tests that set their own max_examples keep theirs). `make test` runs them with the

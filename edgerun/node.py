@@ -158,7 +158,10 @@ class Node:
         return self.stats.dropped[("infer", "error")]
 
     def status_text(self) -> str:
-        return f"{self.health.state}, {self.fps():.1f} fps, {self.stats.published} batches"
+        """systemd's STATUS= line (``systemctl status``): the state, and why when degraded, then the pace."""
+        reasons = self.health.reasons
+        why = " (" + "; ".join(f"{key}: {text}" for key, text in sorted(reasons.items())) + ")" if reasons else ""
+        return f"{self.health.state}{why}, {self.fps():.1f} fps, {self.stats.published} batches"
 
     def snapshot_jpeg(self) -> bytes | None:
         """The latest frame with its boxes drawn, as JPEG (runs in an executor thread)."""
@@ -195,6 +198,8 @@ class Node:
 
     def _on_health_change(self, state: str, reasons: dict[str, str]) -> None:
         self.publish_event("health", {"state": state, "reasons": reasons})
+        if self._notifier is not None:  # at once, not at the next watchdog tick: `systemctl status` says why
+            self._notifier.status(self.status_text())
 
     def publish_event(self, kind: str, data: dict[str, Any]) -> None:
         """An event on every sink (on the loop); one sink refusing it does not keep it from the others."""

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 META_MOVE_M = 5.0
 META_TURN_DEG = 30.0
 META_REFRESH_S = 30.0
+# Members declared dead that this node keeps counting as missing (the oldest go first past this).
+MAX_MISSING_REMEMBERED = 1024
 
 
 def camera_pose(pose: Pose) -> CameraPose:
@@ -99,6 +101,8 @@ class FleetMember:
         self._frame: LocalFrame | None = None  # the tangent plane of the last anchored pose
         self.view_listeners: list[Callable[[dict[str, Any]], None]] = []
         self._sent_meta: tuple[MemberMeta, float] | None = None
+        # Declared dead and not back: gossip forgets a dead member after ~30 s, an operator must not.
+        self._dead_since: dict[str, float] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -272,6 +276,12 @@ class FleetMember:
             self.dedup.resend_claims()  # a newcomer or a healed side has heard none of this node's claims
         elif event.kind in ("dead", "leave"):
             self.dedup.forget_node(member.name)  # its unreported objects go to another owner
+        if event.kind == "dead":
+            self._dead_since[member.name] = time.monotonic()
+            while len(self._dead_since) > MAX_MISSING_REMEMBERED:
+                del self._dead_since[next(iter(self._dead_since))]
+        elif event.kind in ("join", "alive", "leave"):
+            self._dead_since.pop(member.name, None)  # back, or gone on purpose: not missing
         if event.kind in ("join", "dead", "leave", "refute", "suspect", "alive"):
             level = logging.WARNING if event.kind in ("dead", "suspect") else logging.INFO
             log.log(level, "swarm: %s %s (incarnation %d)", member.name, event.kind, member.incarnation)
@@ -289,6 +299,15 @@ class FleetMember:
 
     def members(self) -> list[Any]:
         return self.agent.members() if self.agent is not None else []
+
+    def missing(self) -> int:
+        """Members suspect now, and members declared dead that have not rejoined or left since.
+
+        A dead member stays missing after gossip forgets it, until it rejoins (or leaves cleanly) or this
+        node restarts: an alert that waits minutes must still see a member killed minutes ago.
+        """
+        suspect = {m.name for m in self.members() if m.state.name == "SUSPECT"}
+        return len(suspect | set(self._dead_since))
 
     def view(self) -> dict[str, Any]:
         """This node's view of the swarm, for /healthz and the retained ``swarm`` topic."""

@@ -153,6 +153,12 @@ class _Runner:
             interp.set_input(value, index)
 
 
+NO_TFLITE_MICRO = (
+    "check-mcu needs the tflite-micro wheel: pip install 'edgerun[mcu-check]' "
+    "(x86_64 Linux only: there is no aarch64 wheel, so run the check on a workstation)"
+)
+
+
 def check_mcu_model(path: str | Path, arena_limit: int, runs: int = 20) -> McuCheck:
     path = Path(path)
     try:
@@ -161,6 +167,10 @@ def check_mcu_model(path: str | Path, arena_limit: int, runs: int = 20) -> McuCh
         raise ModelError(f"{path}: cannot read ({err.strerror})") from None
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelError(f"{path}: not a TFLite flatbuffer (no TFL3 identifier)")
+    try:
+        import tflite_micro  # noqa: F401
+    except ImportError:  # else the flatbuffer reader's import fails below and reads as a damaged model
+        raise ModelError(NO_TFLITE_MICRO) from None
     try:
         ops, n_inputs = _read_model(data)
     except Exception as err:  # the generated flatbuffer reader raises anything on a damaged file

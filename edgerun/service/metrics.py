@@ -48,6 +48,11 @@ def swarm_metrics(fleet: Any) -> Iterator[Metric]:
     for state, n in counts.items():
         members.add_metric([state], n)
     yield members
+    yield GaugeMetricFamily(
+        "edgerun_swarm_members_missing",
+        "Members suspect now or declared dead and not back since (kept after gossip forgets them).",
+        value=fleet.missing(),
+    )
     counters = fleet.counters()
     agent, dedup = counters["agent"], counters["dedup"]
     dropped = CounterMetricFamily(

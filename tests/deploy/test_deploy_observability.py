@@ -31,6 +31,7 @@ DASHBOARD = OBS / "grafana-dashboard.json"
 # Exported once [swarm] is wired into the node (the lead adds them with it); checked only from then on.
 SWARM_METRICS = [
     "edgerun_swarm_members",
+    "edgerun_swarm_members_missing",
     "edgerun_swarm_packets_dropped_total",
     "edgerun_swarm_bytes_total",
     "edgerun_fleet_objects_total",

@@ -11,13 +11,14 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
 from tests.deploy import sandbox
-from tests.deploy.conftest import DEPLOY, run_install, wait_http
+from tests.deploy.conftest import DEPLOY, REPO, run_install, wait_http
 
 UNIT = DEPLOY / "systemd/edgerun.service"
 BOARDS = sorted(p.stem for p in (DEPLOY / "systemd/boards").glob("*.conf"))
@@ -385,3 +386,49 @@ def test_installed_node_runs_under_the_unit_restrictions(installed, tmp_path):
     assert "Operation not permitted" not in log and "Traceback" not in log, log
     # LiteRT got its XNNPACK delegate (it is lost, with this line, when /proc/cpuinfo is hidden).
     assert "Error in cpuinfo" not in log, log
+
+
+def verify_unit(deploy: Path, wheel: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """deploy/verify-unit.sh (what `make verify-unit` runs), from ``deploy``, on the node's wheel."""
+    env = {**os.environ, "PYTHON": os.path.realpath(sys.executable)}
+    return subprocess.run(
+        ["bash", str(deploy / "verify-unit.sh"), "--source", str(wheel), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_verify_recipe_passes_on_the_installed_tree(wheel):
+    """The recipe a developer runs (README: `make verify-unit`), as CI runs it: clean, and rated."""
+    proc = verify_unit(DEPLOY, wheel, "--board", "pi")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    m = re.fullmatch(r"edgerun\.service \(board pi\): verify clean, exposure (\d\.\d) \(at most 2\.0\)\n", proc.stdout)
+    assert m and float(m.group(1)) <= MAX_EXPOSURE, proc.stdout
+    assert "make verify-unit" in (REPO / "deploy/README.md").read_text()
+
+
+def test_the_verify_recipe_fails_on_a_broken_unit(wheel, tmp_path):
+    """The same recipe on a unit whose ExecStart is not installed: non-zero, with systemd's words."""
+    deploy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, deploy)
+    unit = deploy / "systemd/edgerun.service"
+    unit.write_text(unit.read_text().replace("/bin/edgerun run", "/bin/edgerun-missing run"))
+    proc = verify_unit(deploy, wheel)
+    assert proc.returncode == 2
+    assert "edgerun-missing is not executable" in proc.stderr
+    assert proc.stderr.rstrip().endswith("verify-unit.sh: verify failed (board generic)")
+
+
+def test_the_sandbox_is_listed_in_one_place():
+    """The unit file lists its sandbox with a reason per setting; deploy/README.md points there instead of
+    repeating the list (it names only the two settings an operator adds in a drop-in)."""
+    unit = (DEPLOY / "systemd/edgerun.service").read_text()
+    sandbox = unit.split("# --- sandbox", 1)[1].split("[Install]", 1)[0]
+    keys = {line.split("=", 1)[0] for line in sandbox.splitlines() if re.match(r"[A-Z]\w+=", line)}
+    assert {"ProtectSystem", "NoNewPrivileges", "SystemCallFilter", "DeviceAllow"} <= keys
+    readme = (DEPLOY / "README.md").read_text()
+    repeated = {key for key in keys if re.search(rf"`{key}\b", readme)}
+    assert repeated <= {"SystemCallFilter", "DeviceAllow", "MemoryDenyWriteExecute"}, sorted(repeated)
+    assert "systemd/edgerun.service" in readme

@@ -54,6 +54,12 @@ def test_missing_camera_at_boot_is_ready_and_degraded(tmp_path, started, blazefa
     metrics = n.get("/metrics")[2].decode()
     inferred = [line for line in metrics.splitlines() if line.startswith("edgerun_frames_inferred_total ")]
     assert inferred and float(inferred[0].split()[1]) == 0  # ready without a single frame
+    # READY=1 means built and serving; /readyz means inferring, so it answers 503 until a first frame.
+    assert n.get("/readyz")[0] == 503
+    # systemctl status shows why: the STATUS= line names the degraded part and its reason.
+    n.recv_notify("STATUS=degraded (", timeout=WAIT_S)
+    status_line = next(m for m in n.messages if "STATUS=degraded (" in m).split("STATUS=", 1)[1].splitlines()[0]
+    assert status_line.startswith("degraded (source: ") and "/dev/video99" in status_line, status_line
     n.proc.send_signal(signal.SIGTERM)
     assert n.proc.wait(WAIT_S) == 0
 
