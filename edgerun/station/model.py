@@ -241,7 +241,7 @@ class FleetModel:
                     if retained:
                         return  # the broker's memory of a retired node, not the node speaking
                     self._unretire(parts[1], now)
-                self._node_message(parts[1], parts[2], payload, now)
+                self._node_message(parts[1], parts[2], payload, now, retained)
             elif len(parts) == 5 and parts[:3] == _OBJECTS and parts[4] == wire.OBJECT_IMAGE_LEAF:
                 self._image(parts[3], payload, props or {}, now)
             elif len(parts) == 4 and parts[:3] == _RETIRED:
@@ -323,7 +323,9 @@ class FleetModel:
             node = self.nodes[node_id] = NodeView(node_id, first_seen=now)
         return node
 
-    def _node_message(self, node_id: str, kind: str, payload: bytes, now: float) -> None:
+    def _node_message(self, node_id: str, kind: str, payload: bytes, now: float, retained: bool = False) -> None:
+        """``retained``: the broker's stored copy, of unknown age: it says what the node last said, not that the
+        node is there now, so it does not move ``last_seen`` (a restarted station keeps the stored one)."""
         if kind not in NODE_TOPICS:
             raise _Drop("unknown_topic")
         if kind == "status":
@@ -344,7 +346,7 @@ class FleetModel:
                 else:
                     self.add_event(now, node_id, "status", "offline (last will: connection lost)", "error", key=key)
             node.status = text
-            if text == "online":
+            if text == "online" and not retained:
                 node.last_seen = now
             self._dirty_nodes.add(node_id)
             return
@@ -355,6 +357,9 @@ class FleetModel:
         if head.schema != NODE_SCHEMAS[kind]:
             raise _Drop("wrong_schema")
         getattr(self, f"_{kind}")(node, payload, now)
+        if retained:
+            self._dirty_nodes.add(node_id)
+            return
         node.last_seen = now
         node.via_swarm = False
         if kind != "swarm" and node.status != "online":

@@ -282,10 +282,11 @@ def test_a_bad_picture_is_dropped_and_counted(object_id, payload, props):
 
 
 @pytest.mark.parametrize(
-    ("payload", "state"), [(b"stopped", "stopped"), (b"lost", "dead"), (b"offline", "dead"), (b"online", "online")]
+    ("payload", "state"), [(b"stopped", "stopped"), (b"lost", "dead"), (b"offline", "dead"), (b"online", "stale")]
 )
 def test_a_station_started_after_the_fact_names_the_retained_status(payload, state):
-    """A station that starts after the node went away has only the retained status to go by."""
+    """A station that starts after the node went away has only the retained status to go by (a retained
+    "online" of unknown age is stale until the node speaks)."""
     m = FleetModel()
     m.ingest("edgerun/d1/status", payload, T0, retained=True)
     assert m.snapshot(T0)["nodes"]["d1"]["state"] == state
@@ -355,3 +356,21 @@ def test_a_rollout_nobody_took_never_reads_complete():
     )
     assert rollout_progress("m", "complete", 100, 1, 3, {}) == "released to all, 1 of 3 nodes on it so far"
     assert rollout_progress("m", "complete", 100, 3, 3, {}) == "3 of 3 nodes on it"
+
+
+def test_retained_messages_do_not_make_a_long_gone_node_look_recent(store):
+    """The broker's retained status and swarm view reach a restarted station at once: "last seen" stays what
+    the store says, not "0 s ago"."""
+    m = station_model()
+    m.ingest("edgerun/d1/metrics", metrics("d1", T0), T0)
+    m.ingest("edgerun/d1/status", b"stopped", T0 + 1)
+    persist(m, store)
+    again = station_model("station-a2")
+    again.restore(store.load())
+    swarm = {"schema": wire.SWARM_SCHEMA, "node": "d1", "ts": T0, "members": [{"name": "d1", "state": "alive"}]}
+    again.ingest("edgerun/d1/swarm", json.dumps(swarm).encode(), T0 + 600, retained=True)
+    again.ingest("edgerun/d1/status", b"stopped", T0 + 600, retained=True)
+    node = again.snapshot(T0 + 600)["nodes"]["d1"]
+    assert (node["last_seen"], node["state"]) == (T0, "stopped")
+    again.ingest("edgerun/d1/swarm", json.dumps(swarm).encode(), T0 + 601)  # live: it is back
+    assert again.snapshot(T0 + 601)["nodes"]["d1"]["last_seen"] == T0 + 601
