@@ -86,7 +86,8 @@ def test_a_restarted_model_shows_the_same_objects_nodes_and_events(store):
     snap, before = again.snapshot(T0 + 8), m.snapshot(T0 + 8)
     assert {o["id"]: o["east_m"] for o in snap["objects"]} == {OBJECT_ID: 2.0, "00000000000000b2": 3.0}
     assert {k: n["state"] for k, n in snap["nodes"].items()} == {"d1": "degraded", "d2": "stopped", "d3": "dead"}
-    assert {k: n["last_seen"] for k, n in snap["nodes"].items()} == {k: n["last_seen"] for k, n in before["nodes"].items()}
+    seen = {k: n["last_seen"] for k, n in snap["nodes"].items()}
+    assert seen == {k: n["last_seen"] for k, n in before["nodes"].items()}
     assert snap["nodes"]["d1"]["model_version"] == 3 and snap["nodes"]["d1"]["engine"] == "tflite"
     assert [(e["node"], e["text"]) for e in snap["events"]] == [(e["node"], e["text"]) for e in before["events"]]
     assert ("d3", "offline (last will: connection lost)") in [(e["node"], e["text"]) for e in snap["events"]]
@@ -155,7 +156,8 @@ def test_a_database_one_version_behind_is_migrated_and_keeps_its_mission(tmp_pat
         assert store.open() == SCHEMA_VERSION - 1
         restored = store.load()
         assert [o["id"] for o in restored.objects] == [OBJECT_ID] and restored.events[0]["text"] == "online"
-        store.write(Batch(images=[{"object_id": OBJECT_ID, "jpeg": JPEG, "node": "d1", "score": 0.9, "box": "", "ts": T0}]))
+        image = {"object_id": OBJECT_ID, "jpeg": JPEG, "node": "d1", "score": 0.9, "box": "", "ts": T0}
+        store.write(Batch(images=[image]))
         assert store.image(OBJECT_ID) == JPEG
     finally:
         store.close()
