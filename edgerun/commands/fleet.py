@@ -92,9 +92,7 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if r["trust"] in ("forged", "replayed"):
             print(f"release {r['model']} v{r['version']}: {r['trust'].upper()}, not a release: {r['trust_reason']}")
             continue
-        line = (
-            f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, {r['progress']}"
-        )
+        line = f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, {r['progress']}"
         if r.get("reason"):
             line += f"; {r['reason']}"
         if r["trust"] != "verified":

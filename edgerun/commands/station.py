@@ -180,6 +180,7 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
         mode_store = f"; mission kept in {station.store.redacted}"
     else:
         mode_store = "; nothing kept across restarts (--db none)"
+    await station.restore()
     server = StationServer(station, options.bind_host, options.bind_port)
     await server.start()
     await station.start()

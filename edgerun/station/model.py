@@ -247,7 +247,7 @@ class FleetModel:
             elif len(parts) == 4 and parts[:3] == _RETIRED:
                 self._retire_message(parts[3], payload, now)
             elif topic == wire.FLEET_OBJECTS_TOPIC or (len(parts) == 4 and parts[:3] == _OBJECTS):
-                self._object(payload, now)  # the stream, or an object's retained latest (a later start)
+                self._object(payload, now, retained)  # the stream, or an object's retained latest (a later start)
             elif len(parts) == 4 and parts[:3] == _RELEASES:
                 self._release(parts[3], payload)
             elif len(parts) == 4 and parts[:3] == _ROLLOUTS:
@@ -536,7 +536,7 @@ class FleetModel:
                     "hfov_deg": _num(meta.get("hfov")) or 60.0,
                 }
 
-    def _object(self, payload: bytes, now: float) -> None:
+    def _object(self, payload: bytes, now: float, retained: bool = False) -> None:
         doc = self._decode(payload, Any)
         items = doc if isinstance(doc, list) else [doc]
         for item in items[:100]:
@@ -549,6 +549,9 @@ class FleetModel:
                 del self.objects[oldest]
                 self._removed_objects.add(oldest)
                 self._dirty_objects.discard(oldest)
+            known = self.objects.get(obj["id"])
+            if retained and known is not None and known["last_seen"] >= obj["last_seen"]:
+                continue  # the broker's copy of what we have (a restart): not news, "received" stays
             obj["received"] = now
             if obj["id"] in self.images:
                 obj["image_url"] = image_url(obj["id"])

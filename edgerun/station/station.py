@@ -133,6 +133,7 @@ class Station:
         self._rollouts_json = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._halting: set[tuple[str, int]] = set()
+        self._restored = False
         key = options.signing_key
         if key is not None and not options.root_keys:
             # Without roots the station could not tell a forged release from a real one, and would sign it.
@@ -153,8 +154,10 @@ class Station:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        if self.store is not None:
+    async def restore(self) -> None:
+        """Open the store and rebuild the fleet view from it (before the page answers: never an empty page)."""
+        if self.store is not None and not self._restored:
+            self._restored = True
             store = self.store
             await asyncio.to_thread(store.open)
             restored = await asyncio.to_thread(
@@ -171,6 +174,9 @@ class Station:
                 len(restored.events),
                 store.redacted,
             )
+
+    async def start(self) -> None:
+        await self.restore()
         self.subscriber.start()
         self._tasks = [
             asyncio.create_task(self._tick_loop(), name="station-tick"),

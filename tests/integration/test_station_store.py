@@ -1,0 +1,298 @@
+"""The station's store end to end: real mosquitto, three real node processes (the demo's swarm layout), the
+station as a process on a SQLite file (and two of them on one real PostgreSQL 15).
+
+* The station is SIGKILLed and started again on the same ``--db``: its API shows the same objects, events and
+  node states (a node stopped cleanly grey, a SIGKILLed node DEAD), last seen as stored.
+* A station started after the fact on an empty store names the same states from the retained status words.
+* ``edgerun fleet retire`` takes a node off both the running station and the one started after it; the node
+  comes back when it speaks again.
+* Two stations on one PostgreSQL database and one broker show the same objects, and the database holds each
+  report and each node event once, as many as a plain subscriber heard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swarm_key
+from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
+from edgerun.testing.ports import free_port, free_tcp_udp_port
+from tests.integration.brokers import collecting, python_env, wait_for
+
+NODES = ("drone-1", "drone-2", "drone-3")
+PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+
+pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
+
+
+class Swarm:
+    """The demo's three drones over one replayed scene, gossiping under one key: their dedup reports objects."""
+
+    def __init__(self, tmp: Path, broker_port: int) -> None:
+        self.tmp = tmp
+        key = tmp / "swarm.key"
+        write_swarm_key(key)
+        ports = [free_tcp_udp_port() for _ in NODES]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        for index, name in enumerate(NODES):
+            seeds = json.dumps([f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != index])
+            (tmp / f"{name}.toml").write_text(f"""[node]
+id = "{name}"
+[source]
+kind = "replay"
+fps = 5
+[source.replay]
+seed = 1
+path_offset_m = {-SPACING_M * index}
+east_offset_m = {SIDE_STEP_M[index]}
+[swarm]
+enabled = true
+bind = "127.0.0.1:{ports[index]}"
+seeds = {seeds}
+key_file = "{key}"
+radius_m = {DEMO_RADIUS_M}
+labels = ["face"]
+share_sightings = true
+[engine]
+replicas = 1
+num_threads = 1
+[sinks.mqtt]
+enabled = true
+host = "127.0.0.1"
+port = {broker_port}
+metrics_interval_s = 1.0
+keepalive_s = 2
+[service]
+http_port = {free_port()}
+""")
+            self.start(name)
+
+    def start(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "edgerun", "run", "-c", str(self.tmp / f"{name}.toml")],
+            stdout=subprocess.DEVNULL,
+            stderr=(self.tmp / f"{name}.log").open("a"),
+            env=python_env(),
+        )
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(30)
+
+    def close(self) -> None:
+        for name in self.procs:
+            self.stop(name, signal.SIGKILL)
+
+
+class StationProcess:
+    def __init__(self, tmp: Path, name: str, broker_port: int, db: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"{name}.log"
+        cmd = [
+            sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
+            "--bind", f"127.0.0.1:{self.port}", "--db", db, "--stale-s", "4",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=self.log_path.open("a"), stderr=subprocess.STDOUT, env=python_env())
+        assert wait_for(self._answers, timeout=60), self.log()
+
+    def _answers(self) -> bool:
+        try:
+            self.snapshot()
+            return True
+        except OSError:
+            return False
+
+    def snapshot(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/api/snapshot", timeout=5) as r:
+            return json.loads(r.read())
+
+    def states(self) -> dict[str, str]:
+        return {k: n["state"] for k, n in self.snapshot()["nodes"].items()}
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+
+def comparable(snap: dict[str, Any]) -> dict[str, Any]:
+    """What an operator reads off the page: objects, node states and last seen, the events."""
+    return {
+        "objects": sorted(snap["objects"], key=lambda o: o["id"]),
+        "nodes": {k: (n["state"], n["last_seen"], n["model"], n["engine"]) for k, n in snap["nodes"].items()},
+        "events": [(e["ts"], e["node"], e["kind"], e["text"]) for e in snap["events"] if e["node"] != "station"],
+    }
+
+
+def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_deaths(tmp_path):
+    db = str(tmp_path / "station.db")
+    with run_mosquitto() as broker:
+        swarm = Swarm(tmp_path, broker.port)
+        stations: list[StationProcess] = []
+        try:
+            station = StationProcess(tmp_path, "station", broker.port, db)
+            stations.append(station)
+            assert wait_for(
+                lambda: (
+                    len(station.snapshot()["objects"]) >= 2
+                    and all(s == "running" for s in station.states().values())
+                    and len(station.states()) == 3
+                ),
+                timeout=120,
+            ), station.log()
+            swarm.stop("drone-1")  # clean stops: they say "stopped"
+            swarm.stop("drone-2")
+            swarm.stop("drone-3", signal.SIGKILL)  # no goodbye: the broker's will says "lost"
+            assert wait_for(
+                lambda: station.states() == {"drone-1": "stopped", "drone-2": "stopped", "drone-3": "dead"},
+                timeout=30,
+            ), station.states()
+            time.sleep(2.0)  # the store is at most flush_s (0.5 s) behind the page
+            before = comparable(station.snapshot())
+            assert before["objects"] and any("last will" in e[3] for e in before["events"])
+
+            station.kill()
+            again = StationProcess(tmp_path, "station", broker.port, db, port=station.port)
+            stations.append(again)
+            after = comparable(again.snapshot())
+            assert after["nodes"] == before["nodes"]
+            assert after["objects"] == before["objects"]
+            assert after["events"][: len(before["events"])] == before["events"]
+            time.sleep(1.0)  # the broker's retained messages arrive: they change no state and no last seen
+            assert comparable(again.snapshot())["nodes"] == before["nodes"]
+
+            # A station started after the fact, on an empty store, has only the retained words to go by.
+            late = StationProcess(tmp_path, "late", broker.port, str(tmp_path / "late.db"))
+            stations.append(late)
+            assert wait_for(
+                lambda: late.states() == {"drone-1": "stopped", "drone-2": "stopped", "drone-3": "dead"}, timeout=10
+            ), late.states()
+
+            # Retire the dead drone from the command line: both stations take it off, and keep it off.
+            retire = subprocess.run(
+                [sys.executable, "-m", "edgerun", "fleet", "retire", "drone-3", "--mqtt", f"127.0.0.1:{broker.port}",
+                 "--by", "operator:ana", "--reason", "lost in the river"],
+                capture_output=True, text=True, timeout=60, env=python_env(),
+            )  # fmt: skip
+            assert retire.returncode == 0, retire.stderr
+            for s in (again, late):
+                assert wait_for(lambda s=s: "drone-3" not in s.states(), timeout=10), s.states()
+            assert any(e["text"] == "retired by operator:ana: lost in the river" for e in again.snapshot()["events"])
+            again.kill()
+            third = StationProcess(tmp_path, "station", broker.port, db, port=station.port)
+            stations.append(third)
+            time.sleep(1.0)
+            assert set(third.states()) == {"drone-1", "drone-2"}
+            swarm.start("drone-3")  # it speaks again: it is back
+            assert wait_for(lambda: third.states().get("drone-3") == "running", timeout=60), third.states()
+        finally:
+            for s in stations:
+                s.kill()
+            swarm.close()
+
+
+# -- two stations, one PostgreSQL ---------------------------------------------------------------
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """A private PostgreSQL (Debian's) on a free loopback port, its socket and data in a temporary directory,
+    run as ``nobody`` (postgres refuses root); stopped and removed afterwards. Yields a postgresql:// URL.
+
+    The directory is made under the system's temp dir, not pytest's tmp_path: that one sits under a 0700
+    directory of root's that ``nobody`` cannot enter."""
+    assert PG_BIN is not None
+    port = free_port()
+    root = Path(tempfile.mkdtemp(prefix="edgerun-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "nobody")
+        as_user = ["runuser", "-u", "nobody", "--"]
+    data, log = root / "data", root / "server.log"
+
+    def run(*cmd: str) -> None:
+        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120, cwd=root)
+
+    try:
+        run(str(PG_BIN / "initdb"), "-D", str(data), "-U", "edgerun", "--auth=trust", "-E", "UTF8", "--no-sync")
+        run(
+            str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "start",
+            "-o", f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off",
+        )  # fmt: skip
+        try:
+            run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "edgerun", "mission")
+            yield f"postgresql://edgerun@127.0.0.1:{port}/mission"
+        finally:
+            run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(PG_BIN is None or not (PG_BIN / "initdb").exists(), reason="Debian's postgresql is not installed")
+def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_once(tmp_path):
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+    import sqlalchemy as sa
+
+    from edgerun.station.store import engine_for
+
+    with postgres_server() as url, run_mosquitto() as broker:
+        with collecting(broker.port, ["edgerun/fleet/objects", "edgerun/+/events"]) as heard:
+            stations: list[StationProcess] = []
+            swarm = None
+            try:
+                stations = [StationProcess(tmp_path, f"station-{i}", broker.port, url) for i in (1, 2)]
+                swarm = Swarm(tmp_path, broker.port)
+                assert wait_for(lambda: all(len(s.snapshot()["objects"]) >= 2 for s in stations), timeout=120)
+                time.sleep(3.0)
+                for name in NODES:
+                    swarm.stop(name)
+                time.sleep(2.0)  # both stations flush (every 0.5 s) what they heard last
+                # "received" is each station's own clock; the rest is the report
+                objects = [
+                    {o["id"]: {k: v for k, v in o.items() if k != "received"} for o in s.snapshot()["objects"]}
+                    for s in stations
+                ]
+                assert objects[0] == objects[1]
+                reports = {
+                    (doc["id"], doc["last_seen"], doc["owner"])
+                    for m in heard.on("edgerun/fleet/objects")
+                    for doc in (lambda d: d if isinstance(d, list) else [d])(json.loads(m.payload))
+                }
+                node_events = {m.payload for m in heard.messages if m.topic.endswith("/events")}
+            finally:
+                for s in stations:
+                    s.kill()
+                if swarm is not None:
+                    swarm.close()
+        engine = engine_for(url)
+        with engine.connect() as conn:
+            versions = conn.execute(sa.text("SELECT count(*) FROM object_versions")).scalar()
+            latest = {r[0] for r in conn.execute(sa.text("SELECT object_id FROM objects"))}
+            stored_events = conn.execute(
+                sa.text("SELECT count(*) FROM events WHERE kind NOT IN ('status', 'broker', 'station')")
+            ).scalar()
+        engine.dispose()
+        assert len(reports) >= 2 and node_events  # something to count twice, had it been
+        assert latest == set(objects[0])
+        assert versions == len(reports)
+        assert stored_events == len(node_events)
