@@ -443,7 +443,8 @@ class StationServer:
         if object_id not in self.station.model.images or store is None:
             raise web.HTTPNotFound(text="no picture of that object\n")
         body = await asyncio.to_thread(store.image, object_id)
-        if body is None:  # known but not written yet: the writer thread is a flush behind
+        if body is None:  # known but not written yet: hand the journal to the writer and wait for it
+            self.station.persist()
             await asyncio.to_thread(store.flush, 5.0)
             body = await asyncio.to_thread(store.image, object_id)
         if body is None:

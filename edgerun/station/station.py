@@ -195,12 +195,13 @@ class Station:
                 pass
         await self.subscriber.stop()
         if self.store is not None:
-            self._persist()
+            self.persist()
             store = self.store
             await asyncio.to_thread(store.flush)
             await asyncio.to_thread(store.close)
 
-    def _persist(self) -> None:
+    def persist(self) -> None:
+        """Hand what the model journalled to the store's writer thread (never blocks)."""
         batch = self.model.take_journal()
         if batch is not None and self.store is not None:
             self.store.submit(batch)
@@ -209,7 +210,7 @@ class Station:
         while True:
             await asyncio.sleep(self.options.flush_s)
             try:
-                self._persist()
+                self.persist()
             except Exception:  # a bug here must not stop the page
                 log.exception("station: handing a batch to the store failed")
 

@@ -296,3 +296,104 @@ def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_onc
         assert latest == set(objects[0])
         assert versions == len(reports)
         assert stored_events == len(node_events)
+
+
+# -- pictures and the page's retire button ------------------------------------------------------
+
+
+def publish(port: int, messages: list[tuple[str, bytes, dict[str, str]]]) -> None:
+    """Retained QoS 1 messages with MQTT 5 user properties. The producer stands in for the node's picture
+    publisher (another branch builds it); what is tested is the station's side of the topic."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from edgerun.mqtt_client import connect_blocking, new_client
+
+    client = new_client(id_prefix="test-picture-producer")
+    connect_blocking(client, "127.0.0.1", port)
+    try:
+        for topic, payload, user in messages:
+            props = Properties(PacketTypes.PUBLISH)
+            if user:
+                props.UserProperty = list(user.items())
+            client.publish(topic, payload, qos=1, retain=True, properties=props).wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_object_pictures_and_retirement_are_served_behind_the_login_and_survive_a_kill(tmp_path):
+    import cv2
+    import numpy as np
+
+    from edgerun import wire
+    from edgerun.station.auth import set_password
+    from tests.integration.test_station_doors import PASSWORD, StationProc, call, cookie_of, login, own
+
+    users = tmp_path / "users"
+    set_password(users, "alice", PASSWORD)
+    db = str(tmp_path / "station.db")
+    rng = np.random.default_rng(7)
+    ok, encoded = cv2.imencode(".jpg", rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    assert ok
+    jpeg = encoded.tobytes()
+    object_id = "00000000000000f1"
+    report = {
+        "schema": "edgerun.object/1", "id": object_id, "label": "person", "east_m": 3.0, "north_m": 4.0,
+        "first_seen": time.time() - 5, "last_seen": time.time(), "score": 0.9, "owner": "drone-1",
+        "seen_by": ["drone-1"],
+    }  # fmt: skip
+    props = {"node": "drone-1", "score": "0.9", "box": "10,12,40,44", "ts": f"{time.time():.3f}"}
+    stations: list[StationProc] = []
+    with run_mosquitto() as broker:
+        try:
+            station = StationProc(tmp_path, broker.port, "--users", str(users), "--db", db)
+            stations.append(station)
+            publish(
+                broker.port,
+                [
+                    (wire.FLEET_OBJECTS_TOPIC, json.dumps(report).encode(), {}),
+                    (wire.object_image_topic(object_id), jpeg, props),
+                    (wire.object_image_topic("00000000000000f2"), b"\x89PNG\r\n\x1a\n" + jpeg, props),  # not a JPEG
+                    ("edgerun/drone-9/status", b"lost", {}),  # a node that died long ago
+                ],
+            )
+            cookie = cookie_of(login(station))
+
+            def snapshot(s: StationProc) -> dict[str, Any]:
+                return call(s.port, "GET", "/api/snapshot", {"Cookie": cookie}).json()
+
+            assert wait_for(lambda: "image_url" in {k for o in snapshot(station)["objects"] for k in o}, timeout=20)
+            url = snapshot(station)["objects"][0]["image_url"]
+            assert url == f"/api/objects/{object_id}/image"
+            assert call(station.port, "GET", url).status == 401  # the same door as the rest of the API
+            picture = call(station.port, "GET", url, {"Cookie": cookie})
+            assert (picture.status, picture.headers["Content-Type"], picture.body) == (200, "image/jpeg", jpeg)
+            assert call(station.port, "GET", "/api/objects/00000000000000f2/image", {"Cookie": cookie}).status == 404
+            assert snapshot(station)["dropped"]["bad_image"] == 1
+
+            assert wait_for(lambda: snapshot(station)["nodes"].get("drone-9", {}).get("state") == "dead")
+            csrf = call(station.port, "GET", "/api/session", {"Cookie": cookie}).json()["csrf"]
+            headers = {**own(station), "Cookie": cookie, "X-CSRF-Token": csrf}
+            assert call(station.port, "POST", "/api/nodes/drone-9/retire", headers).status == 400  # not confirmed
+            retired = call(
+                station.port, "POST", "/api/nodes/drone-9/retire", {**headers, "X-Edgerun-Confirm": "drone-9"}
+            )
+            assert retired.status == 200, retired.body
+            assert "drone-9" not in snapshot(station)["nodes"]
+            assert any(e["text"] == "retired by operator:alice" for e in snapshot(station)["events"])
+            time.sleep(1.5)  # one flush of the store
+
+            station.proc.send_signal(signal.SIGKILL)
+            station.proc.wait(10)
+            again = StationProc(tmp_path, broker.port, "--users", str(users), "--db", db, name="again")
+            stations.append(again)
+            cookie = cookie_of(login(again))
+            time.sleep(1.0)  # the retained status of drone-9 and the retire mark arrive again
+            snap = snapshot(again)
+            assert "drone-9" not in snap["nodes"]
+            assert [o.get("image_url") for o in snap["objects"]] == [url]
+            assert call(again.port, "GET", url, {"Cookie": cookie}).body == jpeg
+        finally:
+            for s in stations:
+                s.stop()
