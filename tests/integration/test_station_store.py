@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from edgerun import wire
 from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swarm_key
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.testing.ports import free_port, free_tcp_udp_port
@@ -139,8 +140,10 @@ def comparable(snap: dict[str, Any]) -> dict[str, Any]:
     """What an operator reads off the page: objects, node states and last seen, the events."""
     return {
         "objects": sorted(snap["objects"], key=lambda o: o["id"]),
-        "nodes": {k: (n["state"], n["last_seen"], n["model"], n["engine"]) for k, n in snap["nodes"].items()},
-        "events": [(e["ts"], e["node"], e["kind"], e["text"]) for e in snap["events"] if e["node"] != "station"],
+        "nodes": {
+            k: (n["state"], n["last_seen"], n["model"], n["engine"]) for k, n in snap["nodes"].items() if k in NODES
+        },
+        "events": [(e["ts"], e["node"], e["kind"], e["text"]) for e in snap["events"] if e["node"] in NODES],
     }
 
 
@@ -172,6 +175,10 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             assert before["objects"] and any("last will" in e[3] for e in before["events"])
 
             station.kill()
+            # While it is down, a QoS 1 event: the broker keeps it in the station's session (same client id,
+            # session expiry) and hands it over when the station comes back.
+            missed = wire.event_payload("sensor-9", "note", {"text": "said while the station was down"})
+            publish(broker.port, [("edgerun/sensor-9/events", json.dumps(missed).encode(), {})], retain=False)
             again = StationProcess(tmp_path, "station", broker.port, db, port=station.port)
             stations.append(again)
             after = comparable(again.snapshot())
@@ -180,6 +187,9 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             assert after["events"][: len(before["events"])] == before["events"]
             time.sleep(1.0)  # the broker's retained messages arrive: they change no state and no last seen
             assert comparable(again.snapshot())["nodes"] == before["nodes"]
+            assert wait_for(
+                lambda: any("said while the station was down" in e["text"] for e in again.snapshot()["events"])
+            )
 
             # A station started after the fact, on an empty store, has only the retained words to go by.
             late = StationProcess(tmp_path, "late", broker.port, str(tmp_path / "late.db"))
@@ -202,7 +212,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             third = StationProcess(tmp_path, "station", broker.port, db, port=station.port)
             stations.append(third)
             time.sleep(1.0)
-            assert set(third.states()) == {"drone-1", "drone-2"}
+            assert set(third.states()) == {"drone-1", "drone-2", "sensor-9"}
             swarm.start("drone-3")  # it speaks again: it is back
             assert wait_for(lambda: third.states().get("drone-3") == "running", timeout=60), third.states()
         finally:
@@ -301,7 +311,7 @@ def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_onc
 # -- pictures and the page's retire button ------------------------------------------------------
 
 
-def publish(port: int, messages: list[tuple[str, bytes, dict[str, str]]]) -> None:
+def publish(port: int, messages: list[tuple[str, bytes, dict[str, str]]], retain: bool = True) -> None:
     """Retained QoS 1 messages with MQTT 5 user properties. The producer stands in for the node's picture
     publisher (another branch builds it); what is tested is the station's side of the topic."""
     from paho.mqtt.packettypes import PacketTypes
@@ -316,7 +326,7 @@ def publish(port: int, messages: list[tuple[str, bytes, dict[str, str]]]) -> Non
             props = Properties(PacketTypes.PUBLISH)
             if user:
                 props.UserProperty = list(user.items())
-            client.publish(topic, payload, qos=1, retain=True, properties=props).wait_for_publish(10)
+            client.publish(topic, payload, qos=1, retain=retain, properties=props).wait_for_publish(10)
     finally:
         client.disconnect()
         client.loop_stop()
@@ -326,7 +336,6 @@ def test_object_pictures_and_retirement_are_served_behind_the_login_and_survive_
     import cv2
     import numpy as np
 
-    from edgerun import wire
     from edgerun.station.auth import set_password
     from tests.integration.test_station_doors import PASSWORD, StationProc, call, cookie_of, login, own
 
