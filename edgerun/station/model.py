@@ -288,6 +288,7 @@ class FleetModel:
             key = key or event_key(self.origin, ts, node, kind, text, self.received)
             row = {k: event[k] for k in ("ts", "node", "kind", "text")}
             self.journal.events.append({**row, "key": key, "level": level[:16]})
+            del self.journal.events[: -self.max_events * 4]
 
     # -- parsing ----------------------------------------------------------------------
 

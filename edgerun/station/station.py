@@ -227,6 +227,8 @@ class Station:
     def snapshot(self) -> dict[str, Any]:
         snap = self.model.snapshot(time.time())
         snap["dropped"]["backlog"] = self.subscriber.dropped_backlog
+        if self.store is not None and self.store.dropped_batches:
+            snap["dropped"]["store_batches"] = self.store.dropped_batches  # the database could not keep up or failed
         snap.update(
             rollouts=self.rollouts,
             read_only=self.read_only,

@@ -385,7 +385,7 @@ class StationStore:
                 )
                 rows += len(batch.nodes)
             if batch.events:
-                conn.execute(self._insert(events).on_conflict_do_nothing(), batch.events)
+                conn.execute(self._insert(events).on_conflict_do_nothing(), [_clean(e) for e in batch.events])
                 rows += len(batch.events)
             for model, (release, rollout) in batch.rollouts.items():
                 ins = self._insert(rollouts)
@@ -405,11 +405,11 @@ class StationStore:
                         set_={c: getattr(ins.excluded, c) for c in ("jpeg", "node", "score", "box", "ts", "received")},
                         where=ins.excluded.ts >= object_images.c.ts,
                     ),
-                    [{**img, "received": img.get("received", now)} for img in batch.images],
+                    [_clean({**img, "received": img.get("received", now)}) for img in batch.images],
                 )
                 rows += len(batch.images)
             if batch.actions:
-                conn.execute(self._insert(actions).on_conflict_do_nothing(), batch.actions)
+                conn.execute(self._insert(actions).on_conflict_do_nothing(), [_clean(a) for a in batch.actions])
                 rows += len(batch.actions)
         self.written_rows += rows
 
@@ -558,6 +558,11 @@ class StationStore:
         if deleted:
             log.info("station store: retention deleted %s", ", ".join(f"{k}={v}" for k, v in sorted(deleted.items())))
         return deleted
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """PostgreSQL text holds no NUL character: one in an untrusted string would fail the whole batch."""
+    return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
 
 
 _SIZED: dict[sa.Table, Iterable[sa.Column[Any]]] = {

@@ -376,3 +376,12 @@ def test_retained_messages_do_not_make_a_long_gone_node_look_recent(store):
     assert (node["last_seen"], node["state"]) == (T0, "stopped")
     again.ingest("edgerun/d1/swarm", json.dumps(swarm).encode(), T0 + 601)  # live: it is back
     assert again.snapshot(T0 + 601)["nodes"]["d1"]["last_seen"] == T0 + 601
+
+
+def test_a_nul_character_from_the_wire_does_not_fail_the_batch(store):
+    """PostgreSQL text refuses NUL; SQLite would take it, so the store cleans it for both alike."""
+    m = station_model()
+    event = wire.event_payload("d1", "note", {"text": "bad\x00byte"}, T0)
+    m.ingest("edgerun/d1/events", json.dumps(event).encode(), T0)
+    persist(m, store)
+    assert [e["text"] for e in store.load().events] == ["note text=bad\ufffdbyte"]
