@@ -639,19 +639,25 @@ class FleetModel:
         self._states.pop(node_id, None)
         self._dirty_nodes.discard(node_id)
         self.add_event(ts, node_id, "retired", f"retired by {by}" + (f": {reason}" if reason else ""), key=key)
+        self.record_action("retire", node_id, by, ts, {"reason": reason}, key=key)
+        return True
+
+    def record_action(
+        self, kind: str, target: str, by: str, ts: float, detail: dict[str, Any], key: str | None = None
+    ) -> None:
+        """An operator's action (``retire``; ``ack`` of an alert) for the store: who, when, on what. ``key``: the
+        same for every station that learns of the same action, so a shared store keeps it once."""
         if self.journal is not None:
-            detail = msgspec.json.encode({"reason": reason}).decode()
             self.journal.actions.append(
                 {
-                    "key": key or event_key("retire", node_id, ts, by),
+                    "key": key or event_key(kind, target, ts, by),
                     "ts": ts,
-                    "kind": "retire",
-                    "target": node_id,
-                    "by": by,
-                    "detail": detail,
+                    "kind": kind[:40],
+                    "target": target[:200],
+                    "by": by[:128],
+                    "detail": msgspec.json.encode(detail).decode(),
                 }
             )
-        return True
 
     def _unretire(self, node_id: str, now: float) -> None:
         self.retired.pop(node_id, None)

@@ -10,7 +10,8 @@ station as a process on a SQLite file (and two of them on one real PostgreSQL 15
 * ``edgerun fleet retire`` takes a node off both the running station and the one started after it; the node
   comes back when it speaks again.
 * Two stations on one PostgreSQL database and one broker show the same objects, and the database holds each
-  report and each node event once, as many as a plain subscriber heard.
+  report and each node event once, as many as a plain subscriber heard; one of them SIGKILLed and started
+  again shows the same objects.
 """
 
 from __future__ import annotations
@@ -334,6 +335,14 @@ def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_onc
                     for doc in (lambda d: d if isinstance(d, list) else [d])(json.loads(m.payload))
                 }
                 node_events = {m.payload for m in heard.messages if m.topic.endswith("/events")}
+                # One of them killed and started again: it rebuilds the same view from the shared database.
+                stations[0].kill()
+                restarted = StationProcess(tmp_path, "station-1b", broker.port, url)
+                stations.append(restarted)
+                again = {
+                    o["id"]: {k: v for k, v in o.items() if k != "received"} for o in restarted.snapshot()["objects"]
+                }
+                assert again == objects[0]
             finally:
                 for s in stations:
                     s.kill()
