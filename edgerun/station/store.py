@@ -264,7 +264,8 @@ class StationStore:
         try:
             found = migrate(self.engine)
         except sa.exc.OperationalError as err:
-            raise ConfigError(f"--db {self.redacted}: cannot open the database ({err.orig})") from None
+            why = str(err.orig).strip().splitlines()[0] if str(err.orig).strip() else type(err.orig).__name__
+            raise ConfigError(f"--db {self.redacted}: cannot open the database ({why})") from None
         self.enforce_retention()
         self._thread = threading.Thread(target=self._run, name="station-store", daemon=True)
         self._thread.start()
@@ -272,7 +273,8 @@ class StationStore:
 
     @property
     def redacted(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True) if "://" in self.db else self.db
+        """``--db`` as given, its password hidden (for logs and errors)."""
+        return sa.engine.make_url(self.db).render_as_string(hide_password=True) if "://" in self.db else self.db
 
     def close(self) -> None:
         if self._thread is not None:

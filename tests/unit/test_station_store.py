@@ -385,3 +385,13 @@ def test_a_nul_character_from_the_wire_does_not_fail_the_batch(store):
     m.ingest("edgerun/d1/events", json.dumps(event).encode(), T0)
     persist(m, store)
     assert [e["text"] for e in store.load().events] == ["note text=bad\ufffdbyte"]
+
+
+def test_a_database_that_cannot_be_reached_is_one_line_without_the_password():
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+    store = StationStore("postgresql://station:secret@127.0.0.1:1/mission")  # port 1: nothing listens
+    with pytest.raises(ConfigError) as err:
+        store.open()
+    text = str(err.value)
+    assert text.startswith("--db postgresql://station:***@127.0.0.1:1/mission: cannot open the database (")
+    assert "secret" not in text and "\n" not in text and "refused" in text
