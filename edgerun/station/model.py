@@ -209,6 +209,8 @@ class FleetModel:
         self._dirty_meta = True
         self.images: dict[str, dict[str, Any]] = {}  # object id -> the latest image's metadata (the JPEG is stored)
         self.retired: dict[str, dict[str, Any]] = {}  # node -> the retire action in force ({"ts", "by", ...})
+        # Retired nodes that spoke again: their retained retire marks are to be cleared (the station publishes).
+        self.came_back: list[str] = []
         # What a store has not written yet (None: no store; nothing is kept).
         self.journal: Batch | None = Batch() if journal else None
         self._journal_nodes: set[str] = set()
@@ -237,11 +239,15 @@ class FleetModel:
         parts = topic.split("/")
         try:
             if len(parts) == 3 and parts[0] == "edgerun" and parts[1] not in RESERVED_IDS:
-                if parts[1] in self.retired:
-                    if retained:
-                        return  # the broker's memory of a retired node, not the node speaking
+                if parts[1] not in self.retired:
+                    self._node_message(parts[1], parts[2], payload, now, retained)
+                elif not retained:  # a retained copy is the broker's memory of a retired node, not the node speaking
+                    try:
+                        self._node_message(parts[1], parts[2], payload, now)
+                    except _Drop:
+                        self.nodes.pop(parts[1], None)  # garbage in its name does not bring it back
+                        raise
                     self._unretire(parts[1], now)
-                self._node_message(parts[1], parts[2], payload, now, retained)
             elif len(parts) == 5 and parts[:3] == _OBJECTS and parts[4] == wire.OBJECT_IMAGE_LEAF:
                 self._image(parts[3], payload, props or {}, now)
             elif len(parts) == 4 and parts[:3] == _RETIRED:
@@ -556,12 +562,14 @@ class FleetModel:
             obj["received"] = now
             if obj["id"] in self.images:
                 obj["image_url"] = image_url(obj["id"])
+            if self.journal is not None:
+                self.journal.object_versions.append(obj)  # every version is kept, the late ones too
+                del self.journal.object_versions[: -self.max_objects * 4]
+            if known is not None and known["last_seen"] > obj["last_seen"]:
+                continue  # a report older than the one shown arrived late (another owner, a retry): not shown
             self.objects[obj["id"]] = obj
             self._dirty_objects.add(obj["id"])
             self._removed_objects.discard(obj["id"])
-            if self.journal is not None:
-                self.journal.object_versions.append(obj)
-                del self.journal.object_versions[: -self.max_objects * 4]
 
     def _release(self, model: str, payload: bytes) -> None:
         if not payload:
@@ -662,6 +670,8 @@ class FleetModel:
     def _unretire(self, node_id: str, now: float) -> None:
         self.retired.pop(node_id, None)
         self.add_event(now, node_id, "retired", "back: it spoke again after it was retired")
+        self.came_back.append(node_id)
+        del self.came_back[:-64]
 
     def restore(self, restored: Restored) -> None:
         """Start from what a store kept (before the first message): the same page as before the restart."""

@@ -254,6 +254,9 @@ class Station:
                 delta = self.model.take_delta(time.time())
                 if delta is not None and self.clients:
                     self.broadcast("delta", delta)
+                while self.model.came_back:
+                    # Cleared, so a station started later does not retire it again from the old mark.
+                    self.subscriber.publish_retained(wire.retired_topic(self.model.came_back.pop()), b"")
             except Exception:  # a bug here must not freeze every page
                 log.exception("station: building a delta failed")
 

@@ -395,3 +395,15 @@ def test_a_database_that_cannot_be_reached_is_one_line_without_the_password():
     text = str(err.value)
     assert text.startswith("--db postgresql://station:***@127.0.0.1:1/mission: cannot open the database (")
     assert "secret" not in text and "\n" not in text and "refused" in text
+
+
+def test_a_late_older_report_is_kept_as_a_version_but_not_shown(store):
+    """Two owners' reports of one object can arrive out of order: the page (and a restart of it) shows the
+    newest, the store keeps both."""
+    m = station_model()
+    m.ingest("edgerun/fleet/objects", fleet_object(last_seen=T0 + 5, owner="d2", east=5.0), T0)
+    m.ingest("edgerun/fleet/objects", fleet_object(last_seen=T0 + 4, owner="d1", east=4.0), T0 + 1)
+    persist(m, store)
+    assert m.objects[OBJECT_ID]["east_m"] == 5.0
+    assert [o["east_m"] for o in store.load().objects] == [5.0]
+    assert [v["owner"] for v in store.object_versions(OBJECT_ID)] == ["d1", "d2"]

@@ -155,6 +155,14 @@ def comparable(snap: dict[str, Any]) -> dict[str, Any]:
 PAGE_STATES = {"drone-1": "stopped", "drone-2": "stopped", "drone-3": "dead"}
 
 
+def retained_marks(port: int) -> set[str]:
+    """The nodes the broker holds a retire mark for (retained messages come in one burst after subscribing)."""
+    with collecting(port, [f"{wire.RETIRED_PREFIX}/#"]) as marks:
+        wait_for(lambda: bool(marks.messages), timeout=3)
+        time.sleep(0.3)
+        return {m.topic.rsplit("/", 1)[1] for m in marks.messages if m.payload}
+
+
 def page_rows(driver: Any) -> dict[str, str]:
     return driver.execute_script(
         "return Object.fromEntries([...document.querySelectorAll('#nodes tbody tr[data-id]')]"
@@ -261,6 +269,8 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             assert set(third.states()) == {"drone-1", "sensor-9"}
             swarm.start("drone-3")  # it speaks again: it is back
             assert wait_for(lambda: third.states().get("drone-3") == "running", timeout=60), third.states()
+            # Its retained mark is cleared (drone-2's stays), so a station started later does not retire it again.
+            assert wait_for(lambda: retained_marks(broker.port) == {"drone-2"}, timeout=10)
         finally:
             for s in stations:
                 s.kill()
