@@ -283,7 +283,6 @@ def test_the_station_reads_everything_and_writes_only_its_events(clients: Any) -
     assert station.publish("edgerun/drone-a/status", b"offline").is_failure
 
 
-
 def test_operator_and_station_retire_nodes_and_a_node_cannot(clients: Any) -> None:
     """The retire marks (edgerun fleet retire, the station's button and its clearing) and a node's pictures."""
     station = clients("station").subscribe("edgerun/fleet/#")
