@@ -238,7 +238,7 @@ class StationStore:
         *,
         max_age_s: float = DEFAULT_MAX_AGE_S,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        retention_every_s: float = 60.0,
+        retention_every_s: float = 300.0,  # the size check reads every row's length: not too often
         queue_batches: int = 256,
         clock: Callable[[], float] = time.time,
     ) -> None:
