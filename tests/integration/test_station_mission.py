@@ -11,7 +11,7 @@ station as a process on a SQLite file (and two of them on one real PostgreSQL 15
   comes back when it speaks again.
 * Two stations on one PostgreSQL database and one broker show the same objects, and the database holds each
   report and each node event once, as many as a plain subscriber heard; one of them SIGKILLed and started
-  again shows the same objects.
+  again shows the same objects. A PostgreSQL store one schema version behind is migrated and keeps its rows.
 """
 
 from __future__ import annotations
@@ -470,3 +470,42 @@ def test_object_pictures_and_retirement_are_served_behind_the_login_and_survive_
         finally:
             for s in stations:
                 s.stop()
+
+
+@pytest.mark.skipif(PG_BIN is None or not (PG_BIN / "initdb").exists(), reason="Debian's postgresql is not installed")
+def test_a_postgresql_store_one_version_behind_is_migrated_and_keeps_its_mission():
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+    import sqlalchemy as sa
+
+    from edgerun.station.store import SCHEMA_VERSION, Batch, StationStore, engine_for, migrate
+
+    with postgres_server() as url:
+        engine = engine_for(url)
+        migrate(engine, target=SCHEMA_VERSION - 1)
+        with engine.begin() as conn:  # a row as the previous version wrote it
+            conn.execute(
+                sa.text(
+                    "INSERT INTO events (key, ts, node, kind, text, level) "
+                    "VALUES ('k', :ts, 'd1', 'status', 'online', 'info')"
+                ),
+                {"ts": time.time()},  # recent: older than --db-max-age-days would go at open
+            )
+            assert "object_images" not in sa.inspect(conn).get_table_names()
+        engine.dispose()
+        store = StationStore(url)
+        try:
+            assert store.open() == SCHEMA_VERSION - 1
+            assert [e["text"] for e in store.load().events] == ["online"]
+            jpeg = b"\xff\xd8\xff" + b"\0" * 100
+            image = {
+                "object_id": "00000000000000a1",
+                "jpeg": jpeg,
+                "node": "d1",
+                "score": 0.5,
+                "box": "",
+                "ts": time.time(),
+            }
+            store.write(Batch(images=[image]))
+            assert store.image("00000000000000a1") == jpeg
+        finally:
+            store.close()

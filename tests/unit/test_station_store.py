@@ -407,3 +407,13 @@ def test_a_late_older_report_is_kept_as_a_version_but_not_shown(store):
     assert m.objects[OBJECT_ID]["east_m"] == 5.0
     assert [o["east_m"] for o in store.load().objects] == [5.0]
     assert [v["owner"] for v in store.object_versions(OBJECT_ID)] == ["d1", "d2"]
+
+
+def test_a_station_keeps_its_mqtt_client_id_across_restarts_and_two_stations_differ(tmp_path):
+    """The broker resumes a session by client id: the same station (store, page address) gets the same id."""
+    from edgerun.station.station import StationOptions, station_client_id
+
+    one = StationOptions(db=str(tmp_path / "a.db"), bind_port=8080)
+    assert station_client_id(one) == station_client_id(StationOptions(db=str(tmp_path / "a.db"), bind_port=8080))
+    assert station_client_id(one) != station_client_id(StationOptions(db=str(tmp_path / "a.db"), bind_port=8081))
+    assert station_client_id(one) != station_client_id(StationOptions(db=str(tmp_path / "b.db"), bind_port=8080))
