@@ -47,6 +47,7 @@ def _private_state_home(tmp_path_factory, monkeypatch):
     """Each test's stations keep their default store (``$XDG_STATE_HOME/edgerun/station.db``) in a directory of
     their own: never the user's, never another test's."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
 
 
 @pytest.fixture(scope="session")

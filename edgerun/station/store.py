@@ -167,7 +167,11 @@ class Restored:
 
 
 def default_db_path() -> Path:
-    """$XDG_STATE_HOME/edgerun/station.db, else ~/.local/state/edgerun/station.db (the XDG base directory spec)."""
+    """systemd's $STATE_DIRECTORY (first entry)/station.db for a station run as a service; else
+    $XDG_STATE_HOME/edgerun/station.db, else ~/.local/state/edgerun/station.db (the XDG base directory spec)."""
+    service = os.environ.get("STATE_DIRECTORY")
+    if service:
+        return Path(service.split(":")[0]) / "station.db"
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "edgerun" / "station.db"
 

@@ -417,3 +417,12 @@ def test_a_station_keeps_its_mqtt_client_id_across_restarts_and_two_stations_dif
     assert station_client_id(one) == station_client_id(StationOptions(db=str(tmp_path / "a.db"), bind_port=8080))
     assert station_client_id(one) != station_client_id(StationOptions(db=str(tmp_path / "a.db"), bind_port=8081))
     assert station_client_id(one) != station_client_id(StationOptions(db=str(tmp_path / "b.db"), bind_port=8080))
+
+
+def test_the_default_store_is_under_the_state_directory(monkeypatch, tmp_path):
+    from edgerun.station.store import default_db_path
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_db_path() == tmp_path / "xdg" / "edgerun" / "station.db"
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'svc'}:{tmp_path / 'other'}")  # systemd's StateDirectory=
+    assert default_db_path() == tmp_path / "svc" / "station.db"
