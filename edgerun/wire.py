@@ -8,11 +8,15 @@ Topics (``<node>`` is the node id; ``edgerun/<node>/`` is a node's default prefi
 
     edgerun/<node>/detections         Detections  (edgerun.detections/1), one per frame, expires at the broker
     edgerun/<node>/events             an event    (edgerun.event/1): health, engine, model, ota, swarm ...
-    edgerun/<node>/status             text "online" (retained); the will and a clean stop say "offline"
+    edgerun/<node>/status             text, retained (status version 2): "online"; a clean stop says "stopped",
+                                      the will "lost" (version 1 said "offline" for both: still read)
     edgerun/<node>/metrics            Metrics     (edgerun.metrics/1), periodic
     edgerun/<node>/swarm              SwarmView   (edgerun.swarm/1), retained
     edgerun/fleet/objects             FleetObject (edgerun.object/2: lat/lon), reported by the object's owner
     edgerun/fleet/objects/<id>        the same, the latest of each object, retained (expires after a day)
+    edgerun/fleet/objects/<id>/image  a JPEG crop of the object's best detection (at most 64 KiB, retained); MQTT 5
+                                      user properties node, score, box ("x0,y0,x1,y1" source pixels), ts (frame time)
+    edgerun/fleet/retired/<node>      RetireNode (edgerun.retire/1, retained): an operator took the node off the fleet
     edgerun/fleet/releases/<model>    the signed release (edgerun.ota.release/1, retained); files below it
     edgerun/fleet/rollouts/<model>    RolloutEnvelope (edgerun.rollout/1, retained, signed)
     edgerun/station/events            a station's events (edgerun.event/1, node "station")
@@ -56,6 +60,10 @@ NODE_ALIAS_KEYS = ("detections", "metrics", "events", "status")
 NODE_TOPICS = ("detections", "events", "status", "metrics", "swarm")
 FLEET_OBJECTS_TOPIC = "edgerun/fleet/objects"
 FLEET_OBJECTS_RETAINED = FLEET_OBJECTS_TOPIC + "/+"  # <fleet topic>/<object id>: each object's latest, retained
+OBJECT_IMAGE_LEAF = "image"
+FLEET_OBJECT_IMAGES = FLEET_OBJECTS_TOPIC + "/+/" + OBJECT_IMAGE_LEAF
+MAX_OBJECT_IMAGE = 64 * 1024
+RETIRED_PREFIX = "edgerun/fleet/retired"
 RELEASES_PREFIX = "edgerun/fleet/releases"
 ROLLOUTS_PREFIX = "edgerun/fleet/rollouts"
 STATION_EVENTS_TOPIC = "edgerun/station/events"
@@ -63,11 +71,16 @@ RESERVED_NODE_IDS = frozenset({"fleet", "station"})  # second topic levels that 
 STATION_SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
     FLEET_OBJECTS_TOPIC,
     FLEET_OBJECTS_RETAINED,
+    FLEET_OBJECT_IMAGES,
+    f"{RETIRED_PREFIX}/+",
     f"{RELEASES_PREFIX}/+",
     f"{ROLLOUTS_PREFIX}/+",
 ]
 STATUS_ONLINE = b"online"
-STATUS_OFFLINE = b"offline"
+STATUS_STOPPED = b"stopped"  # a clean shutdown (status version 2)
+STATUS_LOST = b"lost"  # the last will: the broker lost the node's connection (status version 2)
+STATUS_OFFLINE = b"offline"  # status version 1: either of the two, for nodes not yet upgraded
+STATUS_WORDS = ("online", "stopped", "lost", "offline")
 
 
 def node_topic_prefix(node_id: str) -> str:
@@ -76,6 +89,14 @@ def node_topic_prefix(node_id: str) -> str:
 
 def node_topic(node_id: str, key: str) -> str:
     return f"edgerun/{node_id}/{key}"
+
+
+def object_image_topic(object_id: str) -> str:
+    return f"{FLEET_OBJECTS_TOPIC}/{object_id}/{OBJECT_IMAGE_LEAF}"
+
+
+def retired_topic(node_id: str) -> str:
+    return f"{RETIRED_PREFIX}/{node_id}"
 
 
 def release_topic(model: str) -> str:
@@ -367,9 +388,27 @@ class ReleaseEnvelope(msgspec.Struct, kw_only=True):
 
 
 def decode_status(payload: bytes) -> str | None:
-    """``online`` or ``offline`` from a status message, None for anything else."""
+    """``online``, ``stopped``, ``lost`` or (version 1, either of the two) ``offline``; None for anything else."""
+    if len(payload) > 32:
+        return None
     text = payload.decode("utf-8", "replace").strip()
-    return text if text in ("online", "offline") else None
+    return text if text in STATUS_WORDS else None
+
+
+# -- edgerun.retire/1 ---------------------------------------------------------------------------
+
+RETIRE_SCHEMA: Final = "edgerun.retire/1"
+
+
+class RetireNode(msgspec.Struct, kw_only=True):
+    """An operator took a node off the fleet view (``edgerun fleet retire``, the station page); retained, so a
+    station started later knows. The node comes back when it speaks again after ``ts``."""
+
+    schema: Literal["edgerun.retire/1"] = RETIRE_SCHEMA
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    ts: Finite
+    by: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
 
 
 # -- decoding helpers ---------------------------------------------------------------------------

@@ -42,6 +42,14 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("EDGERUN_CACHE", str(REPO / ".cache"))
 
 
+@pytest.fixture(autouse=True)
+def _private_state_home(tmp_path_factory, monkeypatch):
+    """Each test's stations keep their default store (``$XDG_STATE_HOME/edgerun/station.db``) in a directory of
+    their own: never the user's, never another test's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+
+
 @pytest.fixture(scope="session")
 def blazeface_bundle():
     from edgerun.models.demo import ensure_demo_bundle

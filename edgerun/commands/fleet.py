@@ -93,10 +93,7 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
         if r["trust"] in ("forged", "replayed"):
             print(f"release {r['model']} v{r['version']}: {r['trust'].upper()}, not a release: {r['trust_reason']}")
             continue
-        line = (
-            f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, "
-            f"{r['nodes_on_version']} of {r['nodes']} nodes on it"
-        )
+        line = f"rollout {r['model']} v{r['version']}: {r['phase']} at {r['percent']:g}%, {r['progress']}"
         if r.get("reason"):
             line += f"; {r['reason']}"
         if r["trust"] != "verified":
@@ -321,6 +318,38 @@ def cmd_fleet_promote(args: argparse.Namespace) -> int:
     return _step(args, args.percent, phase_for(args.percent), "")
 
 
+def cmd_fleet_retire(args: argparse.Namespace) -> int:
+    """Publish a retained retire mark: every station takes the node off its fleet view and stores who and when."""
+    import getpass
+
+    import msgspec
+
+    from edgerun import wire
+    from edgerun.mqtt_client import connect_blocking, new_client, publish_confirmed
+    from edgerun.station.model import NODE_ID_RE
+
+    node = args.node
+    if not NODE_ID_RE.match(node) or node in wire.RESERVED_NODE_IDS:
+        raise ConfigError(f"NODE: {node[:80]!r} is not a node id")
+    host, port = parse_hostport(args.mqtt, "--mqtt", 1883)
+    by = args.by or f"operator:{getpass.getuser()}"
+    mark = wire.RetireNode(node=node, ts=time.time(), by=by[:128], reason=args.reason[:500])
+    client = new_client(mqtt_client_config(args, host, port), id_prefix="edgerun-fleet-retire")
+    connect_blocking(client, host, port)
+    try:
+        publish_confirmed(
+            client,
+            f"mqtt://{host}:{port}",
+            [(wire.retired_topic(node), msgspec.json.encode(mark))],
+            refused_hint="is this the operator's identity?",
+        )
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    print(f"retired {node} (by {by}): stations take it off the fleet view until it speaks again")
+    return 0
+
+
 def cmd_fleet_halt(args: argparse.Namespace) -> int:
     return _step(args, 0.0, "halted", args.reason or "halted by the operator")
 
@@ -447,6 +476,13 @@ def add_fleet_parser(sub: Any) -> None:
     p.add_argument("--percent", type=float, required=True, help="the share of the fleet in the rollout from now")
     p.add_argument("--model", default=None, help="the model to promote (needed when the broker holds several)")
     p.set_defaults(func=cmd_fleet_promote)
+    p = fsub.add_parser("retire", help="take a node off every station's fleet view (it comes back if it speaks)")
+    p.add_argument("node", metavar="NODE", help="the node's id")
+    p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+    add_broker_login_options(p)
+    p.add_argument("--by", default="", help="who retires it, as stations store it (default: operator:<login>)")
+    p.add_argument("--reason", default="", help="why, as stations show and store it")
+    p.set_defaults(func=cmd_fleet_retire)
     p = fsub.add_parser("halt", help="stop the rollout: no further node takes the release")
     common(p, True)
     p.add_argument("--model", default=None, help="the model to halt (needed when the broker holds several)")

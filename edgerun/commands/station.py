@@ -145,6 +145,7 @@ def cmd_station(args: argparse.Namespace) -> int:
             state_dir=Path(args.state_dir) if args.state_dir else None,
             stale_s=args.stale_s,
             auto_halt=not args.no_auto_halt,
+            **store_options(args),
             **doors,
         )
         return asyncio.run(run_station(options, args.seconds))
@@ -152,11 +153,35 @@ def cmd_station(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def store_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--db and its retention as StationOptions fields (``--db none``: keep nothing, as before the store)."""
+    from edgerun.station.store import default_db_path
+
+    db = args.db if args.db is not None else str(default_db_path())
+    if args.db_max_age_days <= 0:
+        raise ConfigError(f"--db-max-age-days: must be positive, got {args.db_max_age_days:g}")
+    if args.db_max_mb <= 0:
+        raise ConfigError(f"--db-max-mb: must be positive, got {args.db_max_mb:g}")
+    if args.session_expiry_s < 0:
+        raise ConfigError(f"--session-expiry-s: must be 0 or more, got {args.session_expiry_s}")
+    return {
+        "db": None if db == "none" else db,
+        "db_max_age_s": args.db_max_age_days * 86400.0,
+        "db_max_bytes": int(args.db_max_mb * 1024 * 1024),
+        "session_expiry_s": args.session_expiry_s,
+    }
+
+
 async def run_station(options: Any, seconds: float | None = None) -> int:
     from edgerun.station.server import StationServer
     from edgerun.station.station import Station
 
     station = Station(options)
+    if station.store is not None:
+        mode_store = f"; mission kept in {station.store.redacted}"
+    else:
+        mode_store = "; nothing kept across restarts (--db none)"
+    await station.restore()
     server = StationServer(station, options.bind_host, options.bind_port)
     await server.start()
     await station.start()
@@ -172,7 +197,7 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
     host = f"[{options.bind_host}]" if ":" in options.bind_host else options.bind_host
     print(
         f"station: {server.scheme}://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:"
-        f"{options.mqtt_port}; {mode}",
+        f"{options.mqtt_port}; {mode}{mode_store}",
         flush=True,
     )
     stop = asyncio.Event()
@@ -243,6 +268,25 @@ def add_station_parser(sub: Any) -> None:
         default=[],
         metavar="NODE=HOST:PORT",
         help="where a node's HTTP service is (for its live snapshot; repeat)",
+    )
+    st.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH|URL",
+        help="keep the mission here: a SQLite file (default: $XDG_STATE_HOME/edgerun/station.db), a "
+        "postgresql://USER@HOST/DB URL that several stations share, or 'none'",
+    )
+    st.add_argument(
+        "--db-max-age-days", type=float, default=30.0, help="forget events, objects and nodes older than this"
+    )
+    st.add_argument(
+        "--db-max-mb", type=float, default=2048.0, help="keep the stored rows under this size (oldest history first)"
+    )
+    st.add_argument(
+        "--session-expiry-s",
+        type=int,
+        default=3600,
+        help="the broker keeps the station's subscriptions and queued messages this long while it is down (0: no)",
     )
     st.add_argument("--stale-s", type=float, default=15.0, help="grey a node out after this long unheard")
     st.add_argument("--no-auto-halt", action="store_true", help="only warn when a canary regresses")

@@ -16,7 +16,7 @@ Topics under ``topic_prefix`` (default ``edgerun/<node id>/``)::
 
     detections  one message per frame (edgerun.detections/1 JSON), expires at the broker
     events      node events (edgerun.event/1 JSON): health changes, failover, OTA steps
-    status      retained "online"; the will (retained) and a clean shutdown say "offline"
+    status      retained "online"; a clean shutdown says "stopped", the will (retained) "lost"
     metrics     periodic summary (edgerun.metrics/1 JSON)
 """
 
@@ -59,7 +59,8 @@ from edgerun.types import DetectionBatch
 log = logging.getLogger(__name__)
 
 STATUS_ONLINE = wire.STATUS_ONLINE
-STATUS_OFFLINE = wire.STATUS_OFFLINE
+STATUS_STOPPED = wire.STATUS_STOPPED
+STATUS_LOST = wire.STATUS_LOST
 TOPIC_KEYS = wire.NODE_ALIAS_KEYS  # also the order topic aliases are handed out
 _MISC_INTERVAL_S = 1.0
 _LINE_MAX = 300  # a status reason is one line for health and logs
@@ -296,7 +297,7 @@ class MqttSink(Sink):
         }
 
     async def close(self, timeout: float = 1.0) -> None:
-        """Flush what is queued, publish ``offline`` (retained), disconnect cleanly; all within ``timeout``."""
+        """Flush what is queued, publish ``stopped`` (retained), disconnect cleanly; all within ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.05)
         self._closing = True
@@ -306,7 +307,7 @@ class MqttSink(Sink):
             await self._wait_until(lambda: not self._work_left(), deadline - 0.25 * timeout)
             if self._client is client and len(self._inflight) < self.inflight_limit:
                 mid = self._publish_now(
-                    client, "status", STATUS_OFFLINE, self.cfg.qos_status, True, "text/plain", "status", None
+                    client, "status", STATUS_STOPPED, self.cfg.qos_status, True, "text/plain", "status", None
                 )
                 if mid is not None:
                     await self._wait_until(lambda: mid not in self._inflight, deadline - 0.1 * timeout)
@@ -343,7 +344,7 @@ class MqttSink(Sink):
             client_id=self.client_id,
             reconnect=None,
             ssl_context=self._ssl_context,
-            will=Will(self.topics["status"], STATUS_OFFLINE, qos=cfg.qos_status, retain=True),
+            will=Will(self.topics["status"], STATUS_LOST, qos=cfg.qos_status, retain=True),
         )
         # The sink keeps its own window (Receive Maximum) and queue; paho's would only hide them.
         client.max_inflight_messages = 0

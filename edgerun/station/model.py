@@ -11,6 +11,7 @@ is dropped and counted by reason, never raised. Memory is bounded: at most ``max
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -22,6 +23,7 @@ import msgspec
 
 from edgerun import wire
 from edgerun.station.footprint import footprint, pose_from_payload
+from edgerun.station.store import Batch, Restored, event_key
 
 MAX_PAYLOAD = 256 * 1024
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -40,6 +42,7 @@ NODE_SCHEMAS = {
 _RELEASES = wire.RELEASES_PREFIX.split("/")
 _ROLLOUTS = wire.ROLLOUTS_PREFIX.split("/")
 _OBJECTS = wire.FLEET_OBJECTS_TOPIC.split("/")
+_RETIRED = wire.RETIRED_PREFIX.split("/")
 MAX_BOXES = 100
 # Rejections that are the release's fault (it does not open, warm up or hash), as opposed to policy or transport.
 RELEASE_FAULTS = frozenset({"warmup_failed", "bad_bundle", "hash_mismatch"})
@@ -57,10 +60,20 @@ def _text(value: Any, limit: int = 200) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
+# What a node's status says of it once it is gone: "stopped" (a clean stop), "lost" (its will) and "offline"
+# (a node older than wire status version 2: either).
+GONE = frozenset({"stopped", "lost", "offline"})
+# The NodeView fields a store keeps (the node's last state and metadata); the rest is rebuilt from live messages.
+RECORD_FIELDS = (
+    "status health reasons engine fallback model model_version fps p99_ms dropped detection_rate swarm_seen "
+    "last_seen first_seen pose footprint frame http stopping via_swarm"
+).split()
+
+
 @dataclass
 class NodeView:
     id: str
-    status: str = ""  # "online" | "offline" | "" (never said)
+    status: str = ""  # "online" | "stopped" | "lost" | "offline" (an old node's either) | "" (never said)
     health: str = ""
     reasons: dict[str, str] = field(default_factory=dict)
     engine: str = ""
@@ -74,6 +87,7 @@ class NodeView:
     swarm_members: list[dict[str, Any]] = field(default_factory=list)
     swarm_seen: int | None = None
     last_seen: float = 0.0  # station wall clock of the last message from the node
+    first_seen: float = 0.0
     pose: dict[str, float] | None = None
     footprint: list[tuple[float, float]] | None = None
     frame: tuple[int, int] = (0, 0)
@@ -91,8 +105,10 @@ class NodeView:
     swarm_verdict: str = ""  # what the live nodes' swarm views say of this one: "dead", "alive" or ""
 
     def state(self, now: float, stale_s: float) -> str:
-        if self.status == "offline":
-            return "stopped" if self.stopping else "dead"
+        if self.status == "stopped" or (self.status == "offline" and self.stopping):
+            return "stopped"
+        if self.status in GONE:
+            return "dead"
         if now - self.last_seen > stale_s:
             # Out of the broker's reach is not dead while its swarm still hears it.
             return "dead" if self.swarm_verdict == "dead" else "stale"
@@ -126,6 +142,38 @@ class NodeView:
             out["trail"] = [[e, n] for _, e, n in self.trail]
         return out
 
+    def to_record(self) -> dict[str, Any]:
+        """What a store keeps of the node: its last state and metadata, JSON-ready."""
+        out = {name: getattr(self, name) for name in RECORD_FIELDS}
+        out["id"] = self.id
+        out["ota_outcomes"] = {str(k): v for k, v in self.ota_outcomes.items()}
+        out["ota"] = self.ota
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> NodeView:
+        """A node as a store kept it; a field that is missing or of the wrong type keeps its default."""
+        node = cls(str(record["id"]))
+        for name in RECORD_FIELDS:
+            value = record.get(name)
+            default = getattr(node, name)
+            if value is None or (default is not None and not isinstance(value, type(default))):
+                if not (isinstance(default, float) and isinstance(value, int)):
+                    continue
+            setattr(node, name, value)
+        frame = record.get("frame")
+        if isinstance(frame, list) and len(frame) == 2:
+            node.frame = (int(frame[0]), int(frame[1]))
+        footprint = record.get("footprint")
+        if isinstance(footprint, list):
+            node.footprint = [(float(p[0]), float(p[1])) for p in footprint]
+        if isinstance(record.get("ota"), dict):
+            node.ota = record["ota"]
+        outcomes = record.get("ota_outcomes")
+        if isinstance(outcomes, dict):
+            node.ota_outcomes = {int(k): str(v) for k, v in outcomes.items() if str(k).isdigit()}
+        return node
+
 
 class FleetModel:
     """Everything the station knows, bounded; ``ingest`` never raises on a payload."""
@@ -139,6 +187,7 @@ class FleetModel:
         trail_s: float = 300.0,
         stale_s: float = 15.0,
         origin: str = "",
+        journal: bool = False,
     ) -> None:
         self.max_nodes, self.max_objects, self.max_events = max_nodes, max_objects, max_events
         self.trail_s, self.stale_s = trail_s, stale_s
@@ -158,11 +207,30 @@ class FleetModel:
         self._new_events: list[dict[str, Any]] = []
         self._states: dict[str, str] = {}
         self._dirty_meta = True
+        self.images: dict[str, dict[str, Any]] = {}  # object id -> the latest image's metadata (the JPEG is stored)
+        self.retired: dict[str, dict[str, Any]] = {}  # node -> the retire action in force ({"ts", "by", ...})
+        # Retired nodes that spoke again: their retained retire marks are to be cleared (the station publishes).
+        self.came_back: list[str] = []
+        # What a store has not written yet (None: no store; nothing is kept).
+        self.journal: Batch | None = Batch() if journal else None
+        self._journal_nodes: set[str] = set()
 
     # -- input ------------------------------------------------------------------------
 
-    def ingest(self, topic: str, payload: bytes, now: float | None = None) -> None:
-        """One MQTT message; a bad one is counted in ``dropped[reason]`` and otherwise ignored."""
+    def ingest(
+        self,
+        topic: str,
+        payload: bytes,
+        now: float | None = None,
+        *,
+        retained: bool = False,
+        props: dict[str, str] | None = None,
+    ) -> None:
+        """One MQTT message; a bad one is counted in ``dropped[reason]`` and otherwise ignored.
+
+        ``retained``: the broker's stored copy, delivered on subscribing (not news: it does not bring a retired
+        node back). ``props``: the message's MQTT 5 user properties.
+        """
         now = time.time() if now is None else now
         self.received += 1
         if len(payload) > MAX_PAYLOAD:
@@ -171,9 +239,21 @@ class FleetModel:
         parts = topic.split("/")
         try:
             if len(parts) == 3 and parts[0] == "edgerun" and parts[1] not in RESERVED_IDS:
-                self._node_message(parts[1], parts[2], payload, now)
+                if parts[1] not in self.retired:
+                    self._node_message(parts[1], parts[2], payload, now, retained)
+                elif not retained:  # a retained copy is the broker's memory of a retired node, not the node speaking
+                    try:
+                        self._node_message(parts[1], parts[2], payload, now)
+                    except _Drop:
+                        self.nodes.pop(parts[1], None)  # garbage in its name does not bring it back
+                        raise
+                    self._unretire(parts[1], now)
+            elif len(parts) == 5 and parts[:3] == _OBJECTS and parts[4] == wire.OBJECT_IMAGE_LEAF:
+                self._image(parts[3], payload, props or {}, now)
+            elif len(parts) == 4 and parts[:3] == _RETIRED:
+                self._retire_message(parts[3], payload, now)
             elif topic == wire.FLEET_OBJECTS_TOPIC or (len(parts) == 4 and parts[:3] == _OBJECTS):
-                self._object(payload, now)  # the stream, or an object's retained latest (a later start)
+                self._object(payload, now, retained)  # the stream, or an object's retained latest (a later start)
             elif len(parts) == 4 and parts[:3] == _RELEASES:
                 self._release(parts[3], payload)
             elif len(parts) == 4 and parts[:3] == _ROLLOUTS:
@@ -181,7 +261,14 @@ class FleetModel:
             elif topic == STATION_EVENTS_TOPIC:
                 ev = self._decode(payload, wire.StationEvent)
                 if not (self.origin and ev.origin == self.origin):
-                    self.add_event(now, "station", ev.kind[:200] or "station", ev.text[:500], ev.level[:200] or "info")
+                    self.add_event(
+                        now,
+                        "station",
+                        ev.kind[:200] or "station",
+                        ev.text[:500],
+                        ev.level[:200] or "info",
+                        key=payload_key(payload),
+                    )
             else:
                 self.dropped["unknown_topic"] += 1
         except _Drop as drop:
@@ -194,11 +281,20 @@ class FleetModel:
         self.broker = {"connected": connected, "since": now, "reason": reason}
         self._dirty_meta = True
 
-    def add_event(self, ts: float, node: str, kind: str, text: str, level: str = "info") -> None:
+    def add_event(
+        self, ts: float, node: str, kind: str, text: str, level: str = "info", key: str | None = None
+    ) -> None:
+        """``key``: what makes the event one and the same for every station that sees it (a store keeps it once);
+        None: this station's own observation."""
         event = {"ts": ts, "node": node, "kind": kind, "text": text[:500], "level": level}
         self.events.append(event)
         self._new_events.append(event)
         del self._new_events[: -self.max_events]
+        if self.journal is not None:
+            key = key or event_key(self.origin, ts, node, kind, text, self.received)
+            row = {k: event[k] for k in ("ts", "node", "kind", "text")}
+            self.journal.events.append({**row, "key": key, "level": level[:16]})
+            del self.journal.events[: -self.max_events * 4]
 
     # -- parsing ----------------------------------------------------------------------
 
@@ -231,10 +327,12 @@ class FleetModel:
                 self._states.pop(oldest.id, None)
                 self._dirty_nodes.discard(oldest.id)
                 self._removed_nodes.add(oldest.id)
-            node = self.nodes[node_id] = NodeView(node_id)
+            node = self.nodes[node_id] = NodeView(node_id, first_seen=now)
         return node
 
-    def _node_message(self, node_id: str, kind: str, payload: bytes, now: float) -> None:
+    def _node_message(self, node_id: str, kind: str, payload: bytes, now: float, retained: bool = False) -> None:
+        """``retained``: the broker's stored copy, of unknown age: it says what the node last said, not that the
+        node is there now, so it does not move ``last_seen`` (a restarted station keeps the stored one)."""
         if kind not in NODE_TOPICS:
             raise _Drop("unknown_topic")
         if kind == "status":
@@ -245,14 +343,17 @@ class FleetModel:
                 raise _Drop("malformed")
             node = self._node(node_id, now)
             if text != node.status:
+                # Two stations see the same transition within seconds: one event in a shared store.
+                key = event_key("status", node_id, text, int(now // 10))
                 if text == "online":
                     node.stopping = False
-                    self.add_event(now, node_id, "status", "online")
+                    self.add_event(now, node_id, "status", "online", key=key)
+                elif text == "stopped" or (text == "offline" and node.stopping):
+                    self.add_event(now, node_id, "status", "stopped cleanly", key=key)
                 else:
-                    how = "stopped cleanly" if node.stopping else "offline (last will: connection lost)"
-                    self.add_event(now, node_id, "status", how, "info" if node.stopping else "error")
+                    self.add_event(now, node_id, "status", "offline (last will: connection lost)", "error", key=key)
             node.status = text
-            if text == "online":
+            if text == "online" and not retained:
                 node.last_seen = now
             self._dirty_nodes.add(node_id)
             return
@@ -263,6 +364,9 @@ class FleetModel:
         if head.schema != NODE_SCHEMAS[kind]:
             raise _Drop("wrong_schema")
         getattr(self, f"_{kind}")(node, payload, now)
+        if retained:
+            self._dirty_nodes.add(node_id)
+            return
         node.last_seen = now
         node.via_swarm = False
         if kind != "swarm" and node.status != "online":
@@ -379,7 +483,7 @@ class FleetModel:
                 f"{k}={_text(v, 80) if isinstance(v, str) else v}" for k, v in list(rest.items())[:8]
             )
             level = "error" if rest.get("event") in ("dead", "suspect") or rest.get("kind") == "dead" else "info"
-        self.add_event(now, node.id, kind or "event", text, level)
+        self.add_event(now, node.id, kind or "event", text, level, key=payload_key(payload))
 
     def _swarm(self, node: NodeView, payload: bytes, now: float) -> None:
         view = self._decode(payload, wire.SwarmView)
@@ -402,6 +506,8 @@ class FleetModel:
         # Member metadata is gossiped: it shows a node the broker does not hear (out of its reach, or no link).
         for member in out:
             target = node if member["name"] == node.id else None
+            if member["name"] in self.retired:
+                continue  # gossip about a retired node is not the node speaking
             if target is None and member["meta"] and member["state"] in ("alive", "suspect"):
                 try:
                     target = self._node(member["name"], now)
@@ -437,7 +543,7 @@ class FleetModel:
                     "hfov_deg": _num(meta.get("hfov")) or 60.0,
                 }
 
-    def _object(self, payload: bytes, now: float) -> None:
+    def _object(self, payload: bytes, now: float, retained: bool = False) -> None:
         doc = self._decode(payload, Any)
         items = doc if isinstance(doc, list) else [doc]
         for item in items[:100]:
@@ -450,7 +556,17 @@ class FleetModel:
                 del self.objects[oldest]
                 self._removed_objects.add(oldest)
                 self._dirty_objects.discard(oldest)
+            known = self.objects.get(obj["id"])
+            if retained and known is not None and known["last_seen"] >= obj["last_seen"]:
+                continue  # the broker's copy of what we have (a restart): not news, "received" stays
             obj["received"] = now
+            if obj["id"] in self.images:
+                obj["image_url"] = image_url(obj["id"])
+            if self.journal is not None:
+                self.journal.object_versions.append(obj)  # every version is kept, the late ones too
+                del self.journal.object_versions[: -self.max_objects * 4]
+            if known is not None and known["last_seen"] > obj["last_seen"]:
+                continue  # a report older than the one shown arrived late (another owner, a retry): not shown
             self.objects[obj["id"]] = obj
             self._dirty_objects.add(obj["id"])
             self._removed_objects.discard(obj["id"])
@@ -461,6 +577,7 @@ class FleetModel:
         elif len(self.releases) < 64 or model in self.releases:
             self.releases[model] = payload
         self._dirty_meta = True
+        self._journal_rollout(model)
 
     def _rollout(self, model: str, payload: bytes) -> None:
         if not payload:
@@ -468,6 +585,132 @@ class FleetModel:
         elif len(self.rollouts) < 64 or model in self.rollouts:
             self.rollouts[model] = payload
         self._dirty_meta = True
+        self._journal_rollout(model)
+
+    def _journal_rollout(self, model: str) -> None:
+        if self.journal is not None and len(model) <= 200:
+            self.journal.rollouts[model] = (self.releases.get(model), self.rollouts.get(model))
+
+    def _image(self, object_id: str, payload: bytes, props: dict[str, str], now: float) -> None:
+        """An object's picture: a JPEG of at most MAX_IMAGE bytes from its owner, the box and score beside it."""
+        if not OBJECT_ID_RE.match(object_id):
+            raise _Drop("bad_image")
+        if not payload:
+            return  # a cleared retained image
+        if len(payload) > wire.MAX_OBJECT_IMAGE or payload[:3] != JPEG_MAGIC:
+            raise _Drop("bad_image")
+        node = props.get("node", "")
+        if not NODE_ID_RE.match(node):
+            raise _Drop("bad_image")
+        ts, score = _float_prop(props.get("ts")), _float_prop(props.get("score"))
+        box = props.get("box", "")
+        values = [_float_prop(v) for v in box.split(",")] if box else []
+        if ts is None or (box and (len(values) != 4 or None in values)) or (score is not None and not 0 <= score <= 1):
+            raise _Drop("bad_image")
+        current = self.images.get(object_id)
+        if current is not None and ts < current["ts"]:
+            return  # an older view than the one we keep
+        if current is None and len(self.images) >= self.max_objects:
+            oldest = min(self.images, key=lambda k: self.images[k]["received"])
+            del self.images[oldest]
+        self.images[object_id] = {"node": node, "score": score, "box": box[:200], "ts": ts, "received": now}
+        obj = self.objects.get(object_id)
+        if obj is not None and "image_url" not in obj:
+            obj["image_url"] = image_url(object_id)
+            self._dirty_objects.add(object_id)
+        if self.journal is not None:
+            self.journal.images.append({"object_id": object_id, "jpeg": payload, **self.images[object_id]})
+            del self.journal.images[:-64]  # 64 pictures of 64 KiB at most wait for the writer
+
+    def _retire_message(self, node_id: str, payload: bytes, now: float) -> None:
+        if not payload:
+            return  # a cleared retire marker
+        if not NODE_ID_RE.match(node_id) or node_id in RESERVED_IDS:
+            raise _Drop("bad_node_id")
+        doc = self._decode(payload, wire.RetireNode)
+        if doc.node != node_id:
+            raise _Drop("node_mismatch")
+        node = self.nodes.get(node_id)
+        if node is not None and node.last_seen > doc.ts:
+            return  # it spoke after the operator retired it: it is back
+        self.retire(node_id, doc.ts, doc.by[:128] or "operator", doc.reason[:200], key=payload_key(payload))
+
+    # -- operator actions ---------------------------------------------------------------------
+
+    def retire(self, node_id: str, ts: float, by: str, reason: str = "", key: str | None = None) -> bool:
+        """Take a node off the fleet view (it comes back when it speaks again); False when it was already off."""
+        if node_id in self.retired:
+            return False
+        self.retired[node_id] = {"ts": ts, "by": by, "reason": reason}
+        if self.nodes.pop(node_id, None) is not None:
+            self._removed_nodes.add(node_id)
+        self._states.pop(node_id, None)
+        self._dirty_nodes.discard(node_id)
+        self.add_event(ts, node_id, "retired", f"retired by {by}" + (f": {reason}" if reason else ""), key=key)
+        self.record_action("retire", node_id, by, ts, {"reason": reason}, key=key)
+        return True
+
+    def record_action(
+        self, kind: str, target: str, by: str, ts: float, detail: dict[str, Any], key: str | None = None
+    ) -> None:
+        """An operator's action (``retire``; ``ack`` of an alert) for the store: who, when, on what. ``key``: the
+        same for every station that learns of the same action, so a shared store keeps it once."""
+        if self.journal is not None:
+            self.journal.actions.append(
+                {
+                    "key": key or event_key(kind, target, ts, by),
+                    "ts": ts,
+                    "kind": kind[:40],
+                    "target": target[:200],
+                    "by": by[:128],
+                    "detail": msgspec.json.encode(detail).decode(),
+                }
+            )
+
+    def _unretire(self, node_id: str, now: float) -> None:
+        self.retired.pop(node_id, None)
+        self.add_event(now, node_id, "retired", "back: it spoke again after it was retired")
+        self.came_back.append(node_id)
+        del self.came_back[:-64]
+
+    def restore(self, restored: Restored) -> None:
+        """Start from what a store kept (before the first message): the same page as before the restart."""
+        for obj in restored.objects[-self.max_objects :]:
+            if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+                self.objects[obj["id"]] = obj
+        for oid, meta in restored.images.items():
+            self.images[oid] = {**meta, "box": "", "received": meta.get("ts") or 0.0}
+            if oid in self.objects:
+                self.objects[oid]["image_url"] = image_url(oid)
+        for record in restored.nodes[: self.max_nodes]:
+            if record["id"] in restored.retired:
+                continue
+            try:
+                node = NodeView.from_record(record)
+            except (KeyError, TypeError, ValueError):
+                self.dropped["bad_stored_node"] += 1
+                continue
+            node.via_swarm = False
+            self.nodes[node.id] = node
+        for event in restored.events[-self.max_events :]:
+            self.events.append({k: event[k] for k in ("ts", "node", "kind", "text", "level")})
+        for model, (release, rollout) in restored.rollouts.items():
+            if release:
+                self.releases[model] = release
+            if rollout:
+                self.rollouts[model] = rollout
+        self.retired.update(restored.retired)
+        self._dirty_meta = True
+
+    def take_journal(self) -> Batch | None:
+        """What a store should write since the last call (None without a store, or when nothing changed)."""
+        if self.journal is None:
+            return None
+        batch, self.journal = self.journal, Batch()
+        changed = self._journal_nodes | self._dirty_nodes  # take_delta moves the dirty ones here as it clears them
+        batch.nodes = [self.nodes[k].to_record() for k in changed if k in self.nodes]
+        self._journal_nodes = set()
+        return batch if batch else None
 
     # -- output -----------------------------------------------------------------------
 
@@ -475,7 +718,7 @@ class FleetModel:
         """A node is dead by the swarm when a live peer's view says dead and none says alive."""
         said: dict[str, set[str]] = {}
         for reporter in self.nodes.values():
-            if reporter.status == "offline" or now - reporter.last_seen > self.stale_s:
+            if reporter.status in GONE or now - reporter.last_seen > self.stale_s:
                 continue
             for member in reporter.swarm_members:
                 if member["name"] != reporter.id:
@@ -513,6 +756,8 @@ class FleetModel:
                     self.add_event(now, node_id, "status", f"stale: nothing heard for {self.stale_s:g} s", "warn")
                 self._states[node_id] = state
                 self._dirty_nodes.add(node_id)
+        if self.journal is not None:
+            self._journal_nodes |= self._dirty_nodes
         if not (
             self._dirty_nodes
             or self._dirty_objects
@@ -540,6 +785,27 @@ class FleetModel:
         self._dirty_nodes, self._dirty_objects, self._removed_objects = set(), set(), set()
         self._new_events, self._dirty_meta = [], False
         return delta
+
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+OBJECT_ID_RE = NODE_ID_RE  # object ids travel in topic levels, as node ids do
+
+
+def image_url(object_id: str) -> str:
+    return f"/api/objects/{object_id}/image"
+
+
+def payload_key(payload: bytes) -> str:
+    """The same message seen by two stations: one row in a shared store."""
+    return hashlib.sha256(payload).hexdigest()[:40]
+
+
+def _float_prop(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 class _Drop(Exception):

@@ -160,6 +160,8 @@ class StationServer:
         app.router.add_get("/api/stream", self._stream)
         app.router.add_get("/api/nodes/{node}/snapshot.jpg", self._node_snapshot)
         app.router.add_post("/api/rollouts/{model}/{action}", self._action)
+        app.router.add_post("/api/nodes/{node}/retire", self._retire)
+        app.router.add_get("/api/objects/{object_id}/image", self._object_image)
         app.router.add_get("/ground", self._ground)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
@@ -417,6 +419,37 @@ class StationServer:
         except EdgerunError as err:
             return _error(502, str(err))
         return web.json_response({"ok": True, "state": state})
+
+    async def _retire(self, request: web.Request) -> web.Response:
+        node_id = request.match_info["node"]
+        session: Session | None = request["session"]
+        if not self.can_act(session):
+            return _error(
+                403,
+                "this page is read-only: retire from a station with operator accounts, or with `edgerun fleet retire`",
+            )
+        if request.headers.get("X-Edgerun-Confirm") != node_id:
+            return _error(400, f"confirm the action: send X-Edgerun-Confirm: {node_id}")
+        by = f"operator:{session.user}" if session is not None else "operator"
+        try:
+            retired = self.station.retire(node_id, by=by)
+        except ActionRefused as err:
+            return _error(err.status, str(err))
+        return web.json_response({"ok": True, "retired": retired})
+
+    async def _object_image(self, request: web.Request) -> web.Response:
+        object_id = request.match_info["object_id"]
+        store = self.station.store
+        if object_id not in self.station.model.images or store is None:
+            raise web.HTTPNotFound(text="no picture of that object\n")
+        body = await asyncio.to_thread(store.image, object_id)
+        if body is None:  # known but not written yet: hand the journal to the writer and wait for it
+            self.station.persist()
+            await asyncio.to_thread(store.flush, 5.0)
+            body = await asyncio.to_thread(store.image, object_id)
+        if body is None:
+            raise web.HTTPNotFound(text="no picture of that object\n")
+        return web.Response(body=body, content_type="image/jpeg", headers={"Cache-Control": "no-cache"})
 
     async def _ground(self, request: web.Request) -> web.StreamResponse:
         path = self.station.options.ground

@@ -11,14 +11,18 @@ station is read-only and says so.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import json
 import logging
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from edgerun import wire
 from edgerun.errors import EXIT_NEEDS_OPERATOR, ConfigError, EdgerunError
@@ -28,7 +32,8 @@ from edgerun.ota.errors import Rejected
 from edgerun.ota.manifest import cohort_position
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.station.canary import CanaryPolicy, judge
-from edgerun.station.model import FleetModel, NodeView
+from edgerun.station.model import NODE_ID_RE, FleetModel, NodeView, payload_key
+from edgerun.station.store import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, StationStore
 from edgerun.station.subscriber import FleetSubscriber
 
 log = logging.getLogger(__name__)
@@ -86,21 +91,49 @@ class StationOptions:
     tls_key: Path | None = None
     node_nets: list[IPNetwork] = field(default_factory=list)  # where an advertised node address may point
     snapshot_token: str | None = None  # presented as "Authorization: Bearer" to a node's /snapshot.jpg
+    # The mission's store (edgerun/station/store.py): a SQLite path or a postgresql:// URL; None: memory only.
+    db: str | None = None
+    db_max_age_s: float = DEFAULT_MAX_AGE_S
+    db_max_bytes: int = DEFAULT_MAX_BYTES
+    flush_s: float = 0.5  # how often what changed goes to the store's writer thread
+    # With a store, the broker keeps the station's session this long while it is down (MQTT 5 session expiry),
+    # under a client id that stays the same for this host, store and page address; 0: a fresh session each start.
+    session_expiry_s: int = 3600
+
+
+def station_client_id(options: StationOptions) -> str:
+    """The same id each time this station (host, store, page address) starts, so the broker's session resumes;
+    two stations differ in at least one of the three."""
+    seed = f"{socket.gethostname()}|{options.db}|{options.bind_host}:{options.bind_port}"
+    return "edgerun-station-" + hashlib.sha256(seed.encode()).hexdigest()[:12]
 
 
 class Station:
     def __init__(self, options: StationOptions) -> None:
         self.options = options
         self.origin = f"station-{uuid.uuid4().hex[:12]}"
-        self.model = FleetModel(stale_s=options.stale_s, origin=self.origin)
+        self.model = FleetModel(stale_s=options.stale_s, origin=self.origin, journal=options.db is not None)
+        self.store = (
+            StationStore(options.db, max_age_s=options.db_max_age_s, max_bytes=options.db_max_bytes)
+            if options.db is not None
+            else None
+        )
+        resume = options.db is not None and options.session_expiry_s > 0
         self.subscriber = FleetSubscriber(
-            options.mqtt_host, options.mqtt_port, self._on_message, self._on_broker, cfg=options.mqtt_cfg
+            options.mqtt_host,
+            options.mqtt_port,
+            self._on_message,
+            self._on_broker,
+            cfg=options.mqtt_cfg,
+            client_id=station_client_id(options) if resume else "",
+            session_expiry_s=options.session_expiry_s if resume else 0,
         )
         self.clients: set[asyncio.Queue[str]] = set()
         self.rollouts: dict[str, dict[str, Any]] = {}
         self._rollouts_json = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._halting: set[tuple[str, int]] = set()
+        self._restored = False
         key = options.signing_key
         if key is not None and not options.root_keys:
             # Without roots the station could not tell a forged release from a real one, and would sign it.
@@ -121,12 +154,36 @@ class Station:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    async def restore(self) -> None:
+        """Open the store and rebuild the fleet view from it (before the page answers: never an empty page)."""
+        if self.store is not None and not self._restored:
+            self._restored = True
+            store = self.store
+            await asyncio.to_thread(store.open)
+            restored = await asyncio.to_thread(
+                store.load,
+                max_objects=self.model.max_objects,
+                max_events=self.model.max_events,
+                max_nodes=self.model.max_nodes,
+            )
+            self.model.restore(restored)
+            log.info(
+                "station: restored %d objects, %d nodes, %d events from %s",
+                len(restored.objects),
+                len(restored.nodes),
+                len(restored.events),
+                store.redacted,
+            )
+
     async def start(self) -> None:
+        await self.restore()
         self.subscriber.start()
         self._tasks = [
             asyncio.create_task(self._tick_loop(), name="station-tick"),
             asyncio.create_task(self._canary_loop(), name="station-canary"),
         ]
+        if self.store is not None:
+            self._tasks.append(asyncio.create_task(self._store_loop(), name="station-store"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -137,11 +194,30 @@ class Station:
             except asyncio.CancelledError:
                 pass
         await self.subscriber.stop()
+        if self.store is not None:
+            self.persist()
+            store = self.store
+            await asyncio.to_thread(store.flush)
+            await asyncio.to_thread(store.close)
+
+    def persist(self) -> None:
+        """Hand what the model journalled to the store's writer thread (never blocks)."""
+        batch = self.model.take_journal()
+        if batch is not None and self.store is not None:
+            self.store.submit(batch)
+
+    async def _store_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.flush_s)
+            try:
+                self.persist()
+            except Exception:  # a bug here must not stop the page
+                log.exception("station: handing a batch to the store failed")
 
     # -- input --------------------------------------------------------------------------
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        self.model.ingest(topic, payload, time.time())
+    def _on_message(self, topic: str, payload: bytes, retained: bool, props: dict[str, str]) -> None:
+        self.model.ingest(topic, payload, time.time(), retained=retained, props=props)
 
     def _on_broker(self, connected: bool, reason: str) -> None:
         self.model.set_broker(connected, reason, time.time())
@@ -151,6 +227,8 @@ class Station:
     def snapshot(self) -> dict[str, Any]:
         snap = self.model.snapshot(time.time())
         snap["dropped"]["backlog"] = self.subscriber.dropped_backlog
+        if self.store is not None and self.store.dropped_batches:
+            snap["dropped"]["store_batches"] = self.store.dropped_batches  # the database could not keep up or failed
         snap.update(
             rollouts=self.rollouts,
             read_only=self.read_only,
@@ -176,6 +254,9 @@ class Station:
                 delta = self.model.take_delta(time.time())
                 if delta is not None and self.clients:
                     self.broadcast("delta", delta)
+                while self.model.came_back:
+                    # Cleared, so a station started later does not retire it again from the old mark.
+                    self.subscriber.publish_retained(wire.retired_topic(self.model.came_back.pop()), b"")
             except Exception:  # a bug here must not freeze every page
                 log.exception("station: building a delta failed")
 
@@ -236,6 +317,9 @@ class Station:
             {n.id: cohort_position(manifest.rollout.salt, n.id) < manifest.rollout.percent for n in nodes}
             if checked.verified
             else {}
+        )
+        view["progress"] = rollout_progress(
+            model, view["phase"], manifest.rollout.percent, view["nodes_on_version"], len(nodes), view["cohort"]
         )
         return view
 
@@ -337,6 +421,21 @@ class Station:
         )
         return state.to_json()
 
+    # -- retiring a node ---------------------------------------------------------------------
+
+    def retire(self, node_id: str, by: str = "operator", reason: str = "") -> bool:
+        """Take ``node_id`` off the fleet view here and, through a retained mark on the broker, on every station
+        (stored as an operator action); it comes back when it speaks again. False: it was retired already."""
+        if not NODE_ID_RE.match(node_id) or node_id in wire.RESERVED_NODE_IDS:
+            raise ActionRefused(f"retire: {node_id[:80]!r} is not a node id")
+        if node_id not in self.model.nodes and node_id not in self.model.retired:
+            raise ActionRefused(f"retire: no node {node_id!r} in the fleet view")
+        mark = wire.RetireNode(node=node_id, ts=time.time(), by=by[:128], reason=reason[:500])
+        payload = msgspec.json.encode(mark)
+        if not self.subscriber.publish_retained(wire.retired_topic(node_id), payload):
+            log.warning("station: retiring %s: not connected to the broker; other stations will not know", node_id)
+        return self.model.retire(node_id, mark.ts, mark.by, mark.reason, key=payload_key(payload))
+
     # -- snapshots of one node ----------------------------------------------------------
 
     def node_http(self, node: NodeView) -> str:
@@ -355,6 +454,21 @@ class Station:
         if any(ip.version == net.version and ip in net for net in self.options.node_nets):
             return node.http
         return ""
+
+
+def rollout_progress(
+    model: str, phase: str, percent: float, on_version: int, nodes: int, cohort: dict[str, bool]
+) -> str:
+    """How far a rollout got, in words that never call an empty fleet "complete"."""
+    if nodes == 0:
+        return f"no node runs {model}: nobody has taken this release"
+    if phase in ("canary", "promoted") and cohort and not any(cohort.values()) and on_version == 0:
+        return f"no node in the canary: none of the {nodes} nodes running {model} falls in its {percent:g}%"
+    if on_version == 0:
+        return f"nobody has taken it yet: 0 of {nodes} nodes on it"
+    if phase == "complete" and on_version < nodes:
+        return f"released to all, {on_version} of {nodes} nodes on it so far"
+    return f"{on_version} of {nodes} nodes on it"
 
 
 def render_boxes_jpeg(node: NodeView) -> bytes:

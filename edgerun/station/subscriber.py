@@ -1,6 +1,8 @@
 """The station's MQTT connection: subscribes to the fleet's topics and hands messages to the event loop, bounded.
 
 paho runs its own network thread (edgerun/mqtt_client.py) and reconnects by itself (backoff 0.5-10 s);
+with ``session_expiry_s`` and a ``client_id`` that stays the same across restarts, the broker keeps the
+station's subscriptions and queues their QoS 1 messages while it is away, and a restart gets what it missed;
 messages wait in a bounded queue (the oldest dropped and counted when the loop
 falls behind) and are drained on the loop in one callback per burst, so a
 fleet of 50 nodes at 15 fps costs one wake-up per burst, not per message.
@@ -25,19 +27,21 @@ class FleetSubscriber:
         self,
         host: str,
         port: int,
-        on_message: Callable[[str, bytes], None],
+        on_message: Callable[[str, bytes, bool, dict[str, str]], None],  # topic, payload, retained, user properties
         on_state: Callable[[bool, str], None],
         *,
         backlog: int = 20000,
         client_id: str = "",  # empty: edgerun-station-<random>, so two stations on one broker never evict each other
         cfg: Any = None,
+        session_expiry_s: int = 0,
     ) -> None:
         self.host, self.port = host, port
         self.cfg = cfg  # credentials and TLS (a MqttSinkConfig) for a broker with access control
         self.on_message, self.on_state = on_message, on_state
         self.client_id = client_id
+        self.session_expiry_s = session_expiry_s
         self.dropped_backlog = 0
-        self._queue: deque[tuple[str, bytes]] = deque(maxlen=backlog)
+        self._queue: deque[tuple[str, bytes, bool, dict[str, str]]] = deque(maxlen=backlog)
         self._lock = threading.Lock()
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -52,7 +56,12 @@ class FleetSubscriber:
         self.refusal = ""
 
     def start(self) -> None:
-        from edgerun.mqtt_client import connect_in_background, new_client, on_connect_failure
+        from edgerun.mqtt_client import (
+            MQTT_CLEAN_START_FIRST_ONLY,
+            connect_in_background,
+            new_client,
+            on_connect_failure,
+        )
 
         self._loop = asyncio.get_running_loop()
         client = new_client(self.cfg, client_id=self.client_id, id_prefix="edgerun-station", reconnect=(0.5, 10.0))
@@ -60,7 +69,16 @@ class FleetSubscriber:
         client.on_disconnect = self._on_disconnect
         on_connect_failure(client, self._on_connect_fail)
         client.on_message = self._on_message
-        connect_in_background(client, self.host, self.port, keepalive=15)
+        resume = bool(self.session_expiry_s and self.client_id)
+        connect_in_background(
+            client,
+            self.host,
+            self.port,
+            keepalive=15,
+            session_expiry_s=self.session_expiry_s if resume else 0,
+            # Resuming: even the first CONNECT asks for the session the broker kept while the station was down.
+            clean_start=False if resume else MQTT_CLEAN_START_FIRST_ONLY,
+        )
         self._client = client
 
     async def stop(self) -> None:
@@ -74,6 +92,13 @@ class FleetSubscriber:
         """A station event (auto-halt, actions) on the station's events topic; lost if the broker is away."""
         if self._client is not None:
             self._client.publish(STATION_EVENTS_TOPIC, payload, qos=1)
+
+    def publish_retained(self, topic: str, payload: bytes) -> bool:
+        """A retained QoS 1 message (a retire mark); False when there is no connection to hand it to."""
+        if self._client is None:
+            return False
+        info = self._client.publish(topic, payload, qos=1, retain=True)
+        return bool(info.rc == 0)
 
     # -- paho's thread ----------------------------------------------------------------
 
@@ -130,7 +155,7 @@ class FleetSubscriber:
         with self._lock:
             if len(self._queue) == self._queue.maxlen:
                 self.dropped_backlog += 1
-            self._queue.append((msg.topic, bytes(msg.payload)))
+            self._queue.append((msg.topic, bytes(msg.payload), bool(msg.retain), user_properties(msg)))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -143,5 +168,15 @@ class FleetSubscriber:
             batch = list(self._queue)
             self._queue.clear()
             self._scheduled = False
-        for topic, payload in batch:
-            self.on_message(topic, payload)
+        for topic, payload, retained, props in batch:
+            self.on_message(topic, payload, retained, props)
+
+
+def user_properties(msg: Any) -> dict[str, str]:
+    """A message's MQTT 5 user properties (the first 16, bounded); untrusted, so only strings are kept."""
+    pairs = getattr(getattr(msg, "properties", None), "UserProperty", None) or []
+    out: dict[str, str] = {}
+    for pair in pairs[:16]:
+        if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], str):
+            out.setdefault(pair[0][:40], pair[1][:200])
+    return out

@@ -112,7 +112,7 @@ def test_two_clients_with_one_explicit_id_evict_each_other(broker: Mosquitto) ->
 def test_two_stations_with_default_ids_both_stay_connected(broker: Mosquitto) -> None:
     async def run() -> list[list[tuple[bool, str]]]:
         states: list[list[tuple[bool, str]]] = [[], []]
-        stations = [FleetSubscriber(broker.host, broker.port, lambda t, p: None,
+        stations = [FleetSubscriber(broker.host, broker.port, lambda *message: None,
                                     lambda c, r, i=i: states[i].append((c, r)), cfg=login())
                     for i in range(2)]  # fmt: skip
         for station in stations:
@@ -153,7 +153,7 @@ def test_the_station_names_why_it_cannot_reach_the_broker() -> None:
 
     async def run() -> list[tuple[bool, str]]:
         states: list[tuple[bool, str]] = []
-        station = FleetSubscriber("127.0.0.1", port, lambda t, p: None, lambda c, r: states.append((c, r)))
+        station = FleetSubscriber("127.0.0.1", port, lambda *message: None, lambda c, r: states.append((c, r)))
         station.start()
         for _ in range(100):
             if states:

@@ -283,6 +283,20 @@ def test_the_station_reads_everything_and_writes_only_its_events(clients: Any) -
     assert station.publish("edgerun/drone-a/status", b"offline").is_failure
 
 
+def test_operator_and_station_retire_nodes_and_a_node_cannot(clients: Any) -> None:
+    """The retire marks (edgerun fleet retire, the station's button and its clearing) and a node's pictures."""
+    station = clients("station").subscribe("edgerun/fleet/#")
+    operator, node = clients("operator"), clients("drone-a")
+    mark = _marker()
+    assert not operator.publish("edgerun/fleet/retired/drone-b", mark, retain=True).is_failure
+    assert wait_for(lambda: mark in station.payloads("edgerun/fleet/retired/drone-b"), 20)
+    assert not station.publish("edgerun/fleet/retired/drone-b", b"", retain=True).is_failure
+    assert node.publish("edgerun/fleet/retired/drone-b", _marker(), retain=True).is_failure
+    picture = _marker()
+    assert not node.publish("edgerun/fleet/objects/00000000000000a1/image", picture).is_failure
+    assert wait_for(lambda: picture in station.payloads("edgerun/fleet/objects/00000000000000a1/image"), 20)
+
+
 def test_the_credential_script_refuses_reserved_and_malformed_names(broker: FleetBroker) -> None:
     for name in ("fleet", "operator", "station", "a/b", "+", "#", "drone a", ""):
         proc = subprocess.run(["bash", str(CREDENTIAL), "-f", str(broker.workdir / "passwd.other"), name],

@@ -239,7 +239,7 @@ def test_message_properties(validator) -> None:
 
 
 def test_status_online_retained_and_will_after_kill9() -> None:
-    """While the process runs, status is retained "online"; after kill -9 the broker's will says "offline"."""
+    """While the process runs, status is retained "online"; after kill -9 the broker's will says "lost"."""
     with run_mosquitto() as broker:
         driver = subprocess.Popen(
             [PYTHON, str(HERE / "mqtt_driver.py"), "--port", str(broker.port), "--node", NODE, "--rate", "20"],
@@ -258,18 +258,18 @@ def test_status_online_retained_and_will_after_kill9() -> None:
                 assert (first.payload, first.retain) == (b"online", True)
                 driver.kill()  # SIGKILL: no goodbye, the socket just dies
                 driver.wait(10)
-                assert wait_for(lambda: [m.payload for m in col.on(STATUS)][-1:] == [b"offline"])
+                assert wait_for(lambda: [m.payload for m in col.on(STATUS)][-1:] == [b"lost"])
             with collecting(broker.port, [STATUS]) as late:
                 assert wait_for(lambda: len(late.on(STATUS)) >= 1)
                 retained = late.on(STATUS)[0]
-                assert (retained.payload, retained.retain) == (b"offline", True)
+                assert (retained.payload, retained.retain) == (b"lost", True)
         finally:
             if driver.poll() is None:
                 driver.kill()
                 driver.wait()
 
 
-def test_clean_close_publishes_offline_itself() -> None:
+def test_clean_close_publishes_stopped_itself() -> None:
     with run_mosquitto() as broker:
 
         async def go() -> MqttSink:
@@ -286,7 +286,7 @@ def test_clean_close_publishes_offline_itself() -> None:
         assert sink.stats.sent == 20 and sink.stats.dropped == 0
         with collecting(broker.port, [STATUS]) as late:
             assert wait_for(lambda: len(late.on(STATUS)) >= 1)
-            assert (late.on(STATUS)[0].payload, late.on(STATUS)[0].retain) == (b"offline", True)
+            assert (late.on(STATUS)[0].payload, late.on(STATUS)[0].retain) == (b"stopped", True)
         assert "Client edgerun-test-node disconnected." in broker.log_path.read_text()
 
 

@@ -307,7 +307,7 @@ def test_node_publishes_to_a_real_broker(node):
             text=True,
             timeout=30,
         )
-        assert retained.stdout.strip() == "offline"  # a clean shutdown says goodbye itself
+        assert retained.stdout.strip() == "stopped"  # a clean shutdown says goodbye itself, not as its will
 
 
 def test_camera_that_disappears_is_reopened_and_the_node_recovers(node, tmp_path, astronaut_rgb):

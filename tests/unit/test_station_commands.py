@@ -23,6 +23,13 @@ from edgerun.commands.station import load_truth, prepare_ground
         (["station", "--mqtt", "h:1", "--signing-key", "/nonexistent.key"], "--signing-key: /nonexistent.key"),
         (["fleet", "promote", "--percent", "0", "--signing-key", "k"], "--percent: expected within (0, 100], got 0"),
         (["station"], "--mqtt HOST:PORT: say where the fleet's broker is"),
+        (["station", "--mqtt", "h:1", "--db-max-mb", "0"], "--db-max-mb: must be positive, got 0"),
+        (["station", "--mqtt", "h:1", "--db-max-age-days", "-1"], "--db-max-age-days: must be positive, got -1"),
+        (
+            ["station", "--mqtt", "127.0.0.1:1", "--bind", "127.0.0.1:0", "--db", "mysql://db/mission"],
+            "--db mysql://db/mission: expected a SQLite file path or a postgresql:// URL",
+        ),
+        (["fleet", "retire", "a/b"], "NODE: 'a/b' is not a node id"),
         (
             ["station", "--mqtt", "h:1", "--bind", "[::]:8080"],
             "binding :: needs --users FILE (edgerun station passwd) or --public-view for a read-only page",

@@ -188,9 +188,10 @@ function renderNodes() {
       <td class="model">${nd.model ? `${esc(nd.model)} v${esc(nd.model_version)}` : "-"}</td>
       <td class="num fps">${fmt(nd.fps)}</td><td class="num">${fmt(nd.p99_ms)}</td>
       <td class="num">${nd.dropped ?? "-"}</td><td class="num">${esc(swarm)}</td>
-      <td>${nd.last_seen ? `${fmt(Math.max(0, now - nd.last_seen), 0)} s ago` : "-"}</td></tr>`;
+      <td>${nd.last_seen ? `${fmt(Math.max(0, now - nd.last_seen), 0)} s ago` : "-"}</td>
+      <td><button class="retire" data-retire="${esc(nd.id)}" ${S.canAct ? 'title="take it off the fleet view; it comes back if it speaks again"' : 'disabled title="log in to act"'}>retire</button></td></tr>`;
   });
-  $("nodes").tBodies[0].innerHTML = rows.join("") || `<tr><td colspan="10" class="muted">no node heard yet</td></tr>`;
+  $("nodes").tBodies[0].innerHTML = rows.join("") || `<tr><td colspan="11" class="muted">no node heard yet</td></tr>`;
   const objects = Object.values(S.objects).sort((a, b) => (b.last_seen || 0) - (a.last_seen || 0)).slice(0, 200);
   $("objects").tBodies[0].innerHTML = objects.map((o) => `<tr data-id="${esc(o.id)}"><td>${esc(o.label)}</td>
     <td>${esc(o.owner || "-")}</td><td>${clock(o.first_seen)}</td><td class="num">${o.seen_count}</td>
@@ -237,8 +238,8 @@ function renderRollouts() {
     const fig = Object.entries(v.figures || {}).map(([k, x]) => `${k} ${x}`).join(", ");
     const active = r.phase === "canary" || r.phase === "promoted";
     return `<div class="rollout" data-model="${esc(r.model)}" data-phase="${esc(r.phase)}" data-percent="${r.percent}">
-      <b>${esc(r.model)} v${r.version}</b> · <span class="phase">${esc(r.phase)}</span> at ${r.percent}% ·
-      ${r.nodes_on_version} of ${r.nodes} nodes on it${r.by ? ` · by ${esc(r.by)}` : ""}
+      <b>${esc(r.model)} v${r.version}</b> · <span class="phase">${esc(r.phase === "complete" && !(r.nodes && r.nodes_on_version === r.nodes) ? "released" : r.phase)}</span> at ${r.percent}% ·
+      <span class="progress">${esc(r.progress || `${r.nodes_on_version} of ${r.nodes} nodes on it`)}</span>${r.by ? ` · by ${esc(r.by)}` : ""}
       ${r.trust === "unverified" ? ` · <span class="badge b-stale" title="${esc(r.trust_reason)}">UNVERIFIED</span>` : ""}
       ${r.state_error ? `<div class="why">${esc(r.state_error)}</div>` : ""}
       ${r.reason ? `<div class="why">${esc(r.reason)}</div>` : ""}
@@ -291,7 +292,21 @@ async function refreshSnapshot() {
 
 // -- wiring ---------------------------------------------------------------------------------------------------
 
+async function retire(id) {
+  if (!window.confirm(`Retire ${id}? It leaves the fleet view on every station until it speaks again.`)) return;
+  $("action-result").textContent = "sending…";
+  try {
+    const resp = await fetch(`/api/nodes/${encodeURIComponent(id)}/retire`, { method: "POST",
+      headers: { "X-Edgerun-Confirm": id, ...(S.csrf ? { "X-CSRF-Token": S.csrf } : {}) } });
+    if (resp.status === 401) { window.location.assign("/login"); return; }
+    const body = await resp.json();
+    $("action-result").textContent = resp.ok ? `${id}: retired` : `refused: ${body.error}`;
+  } catch (err) { $("action-result").textContent = `failed: ${err}`; }
+}
+
 document.addEventListener("click", (ev) => {
+  const gone = ev.target.closest("button[data-retire]");
+  if (gone) { retire(gone.dataset.retire); return; }
   const btn = ev.target.closest("button[data-act]");
   if (btn) { const box = btn.closest(".rollout"); act(box.dataset.model, btn.dataset.act, Number(btn.dataset.percent || 0)); return; }
   const node = ev.target.closest("#nodes tbody tr[data-id], .drone[data-id]");
