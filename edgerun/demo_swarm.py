@@ -133,9 +133,13 @@ def drone_configs(
 def ground_station(mqtt: str, seed: int, log_path: Path, timeout_s: float = 20.0) -> Iterator[str | None]:
     """``edgerun station`` on the demo's broker, the scene under its map; yields its address (None if it failed)."""
     port = free_port()
+    # Each demo is a fresh mission: its own store beside its logs (not the operator's default one), emptied first.
+    db = log_path.with_name("station.db")
+    for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        stale.unlink(missing_ok=True)
     cmd = [
         sys.executable, "-m", "edgerun", "station", "--mqtt", mqtt, "--bind", f"127.0.0.1:{port}",
-        "--ground", f"replay:{seed}", "--truth", f"replay:{seed}",
+        "--db", str(db), "--ground", f"replay:{seed}", "--truth", f"replay:{seed}",
         # The demo's drones serve their snapshots on loopback: let the station fetch from there, nowhere else.
         "--node-net", "127.0.0.0/8",
     ]  # fmt: skip

@@ -59,11 +59,12 @@ def test_overload_runs_the_replay_and_a_camera_like_source(blazeface_bundle, tmp
         for run in (replay, camera):
             assert run["frames"] > 0 and run["dropped"] > 0
             # Bounded: a frame waits for at most the frames ahead of it (queue depth 1, one worker), a few
-            # service intervals as this run measured them; a queue that grew would wait ~half the run.
+            # service intervals as this run measured them; a queue that grew would wait ~half the run. The p99
+            # bound is a quarter of the run: on a loaded 2-core machine (load 17) one scheduler stall took 12 %.
             interval_ms = 1000.0 / run["fps"]
             assert run["latency_p50_ms"] < 10 * interval_ms, (run, interval_ms)
             run_ms = run["frames"] * interval_ms  # how long this run published, as measured
-            assert run["latency_p99_ms"] < 0.1 * run_ms, (run, run_ms)
+            assert run["latency_p99_ms"] < 0.25 * run_ms, (run, run_ms)
         assert bench.CameraClip.synthetic_clock is False  # the pipeline keeps a capture thread for it
     finally:
         source.close()
