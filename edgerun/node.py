@@ -506,7 +506,8 @@ class Node:
             publish_object=self._publish_object,
             publish_event=self.publish_event,
             meta=self.member_meta,
-            publish_image=self._publish_object_image,
+            # pictures of finds only where a sink carries them (MQTT)
+            publish_image=self._publish_object_image if any(s.carries_images for s in self.sinks) else None,
         )
         fleet.view_listeners.append(self._publish_swarm_view)
         await fleet.start()

@@ -263,6 +263,8 @@ class MqttSink(Sink):
             topic = f"{self.topics['objects']}/{payload['id']}"
             self._queue_json("objects", payload, 1, retain=True, topic=topic, expiry_s=self.cfg.object_retain_s)
 
+    carries_images = True
+
     def publish_object_image(self, object_id: str, jpeg: bytes, properties: list[tuple[str, str]]) -> bool:
         """The picture of a fleet object this node owns, retained on ``<fleet_topic>/<id>/image`` (QoS 1) for as
         long as the object itself; who took it, its score, box and time in MQTT 5 user properties."""
