@@ -107,7 +107,8 @@ function geoRender() {
     const old = GEO.objectMarkers[o.id];
     if (old && old.key === key) continue;
     if (old) GEO.objects.removeLayer(old.marker);
-    const marker = L.marker([o.lat, o.lon], { icon: objectIcon(o), title: `${o.label} · ${o.owner}` });
+    // Above the drones: a find under a drone's icon must still take a click (the drone is in the nodes table too).
+    const marker = L.marker([o.lat, o.lon], { icon: objectIcon(o), title: `${o.label} · ${o.owner}`, zIndexOffset: 1000 });
     marker.bindPopup(popupHtml(o), { maxWidth: 340 });
     GEO.objects.addLayer(marker);
     GEO.objectMarkers[o.id] = { marker, key };
@@ -129,16 +130,18 @@ function geoRender() {
     bounds.push(here);
     if (anchor) {
       const trail = (S.trails[id] || []).map((p) => toLatLon(anchor, p[0], p[1]));
-      if (trail.length > 1) L.polyline(trail, { color: "#7fd1ff", opacity: 0.45, weight: 2, className: "geo-trail" }).addTo(GEO.shapes);
+      // Not interactive: a click on what lies inside a footprint (an object, the map) goes to it.
+      if (trail.length > 1) L.polyline(trail, { color: "#7fd1ff", opacity: 0.45, weight: 2, className: "geo-trail",
+        interactive: false }).addTo(GEO.shapes);
       if (nd.footprint && nd.state !== "dead")
         L.polygon(nd.footprint.map((p) => toLatLon(anchor, p[0], p[1])), { color: "#7fd1ff", weight: 1,
-          fillOpacity: 0.08, className: "geo-footprint" }).addTo(GEO.shapes);
+          fillOpacity: 0.08, className: "geo-footprint", interactive: false }).addTo(GEO.shapes);
     }
     const key = `${nd.state},${fmt(nd.pose.yaw_deg, 0)}`;
     const old = GEO.droneMarkers[id];
     if (old && old.key === key) { old.marker.setLatLng(here); continue; }
     if (old) GEO.drones.removeLayer(old.marker);
-    const marker = L.marker(here, { icon: droneIcon(id, nd), title: id, zIndexOffset: 1000 });
+    const marker = L.marker(here, { icon: droneIcon(id, nd), title: id });
     marker.on("click", () => select(id));
     GEO.drones.addLayer(marker);
     GEO.droneMarkers[id] = { marker, key };
