@@ -254,6 +254,20 @@ class SwarmTimingConfig(Section):
     indirect_checks: NonNegInt = 0
 
 
+class SwarmImagesConfig(Section):
+    """The picture of each find this node owns (edgerun.fleet.find_images): bounded per object and in total."""
+
+    enabled: bool = True
+    max_side_px: Annotated[int, msgspec.Meta(ge=32, le=wire.OBJECT_IMAGE_MAX_SIDE_PX)] = wire.OBJECT_IMAGE_MAX_SIDE_PX
+    max_bytes: Annotated[int, msgspec.Meta(ge=4096, le=wire.OBJECT_IMAGE_MAX_BYTES)] = wire.OBJECT_IMAGE_MAX_BYTES
+    margin: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.25  # context around the box, a fraction of its size
+    better_by: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.05  # a view replaces the published one by this score
+    min_interval_s: NonNegFloat = 10.0  # at most one picture of one object this often
+    # All pictures together: a drone's radio link is shared with detections and gossip (a 40 KB picture every 5 s).
+    max_bytes_per_s: PositiveInt = 8192
+    crops_per_frame: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4  # the best-scoring detections cropped per frame
+
+
 class SwarmConfig(Section):
     enabled: bool = False
     bind: str = "127.0.0.1:7946"  # host:port for gossip (UDP) and push-pull (TCP); port 0: any free port
@@ -277,6 +291,7 @@ class SwarmConfig(Section):
     # when something changed, the camera moved 5 m or turned 30 degrees, or 30 s after the last time.
     meta_interval_s: PositiveFloat = 2.0
     timing: SwarmTimingConfig = msgspec.field(default_factory=SwarmTimingConfig)
+    images: SwarmImagesConfig = msgspec.field(default_factory=SwarmImagesConfig)
 
 
 class TracingConfig(Section):

@@ -529,10 +529,14 @@ class Node:
             publish_object=self._publish_object,
             publish_event=self.publish_event,
             meta=self.member_meta,
+            # pictures of finds only where a sink carries them (MQTT)
+            publish_image=self._publish_object_image if any(s.carries_images for s in self.sinks) else None,
         )
         fleet.view_listeners.append(self._publish_swarm_view)
         await fleet.start()
         self.fleet = fleet
+        if self.pipeline is not None:
+            self.pipeline.find_cropper = fleet.cropper  # crops of finds, taken while the frame is still held
         self._services.push_async_callback(fleet.stop)  # before the sinks close: the leave is announced
 
     def _publish_object(self, payload: dict[str, Any], on_published: Callable[[], None] | None = None) -> None:
@@ -543,6 +547,11 @@ class Node:
             sink.publish_object(payload, on_published if sink is confirmer else None)
         if confirmer is None and on_published is not None:
             on_published()
+
+    def _publish_object_image(self, object_id: str, jpeg: bytes, properties: list[tuple[str, str]]) -> None:
+        """The picture of a fleet object this node owns, on every sink that carries pictures (MQTT)."""
+        for sink in self.sinks:
+            sink.publish_object_image(object_id, jpeg, properties)
 
     def _publish_swarm_view(self, view: dict[str, Any]) -> None:
         for sink in self.sinks:

@@ -127,6 +127,9 @@ class DetectionBatch:
     engine: str
     # Monotonic timestamps of each stage's end, keyed by stage name.
     stamps: dict[str, float] = field(default_factory=dict)
+    # Pictures of some detections, by detection index, copied out of the frame before its slot went back to
+    # the pool (edgerun.fleet.find_images.FindCrop); None when nobody asked for them.
+    crops: dict[int, Any] | None = None
 
     def label_of(self, class_id: int) -> str:
         if 0 <= class_id < len(self.labels):

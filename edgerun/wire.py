@@ -91,8 +91,9 @@ def node_topic(node_id: str, key: str) -> str:
     return f"edgerun/{node_id}/{key}"
 
 
-def object_image_topic(object_id: str) -> str:
-    return f"{FLEET_OBJECTS_TOPIC}/{object_id}/{OBJECT_IMAGE_LEAF}"
+def object_image_topic(object_id: str, fleet_topic: str = FLEET_OBJECTS_TOPIC) -> str:
+    """Where the owner of ``object_id`` publishes its picture (``sinks.mqtt.fleet_topic`` may move the fleet)."""
+    return f"{fleet_topic}/{object_id}/{OBJECT_IMAGE_LEAF}"
 
 
 def retired_topic(node_id: str) -> str:
@@ -234,6 +235,56 @@ class ObjectReport(msgspec.Struct):
             raise ValueError("edgerun.object/2 needs lat and lon")
         if not (local or geo):
             raise ValueError("a fleet object needs lat/lon or east_m/north_m")
+
+
+# -- the picture of a fleet object (<fleet topic>/<id>/image) -------------------------------------
+
+OBJECT_IMAGE_CONTENT_TYPE = "image/jpeg"
+OBJECT_IMAGE_MAX_BYTES = 64 * 1024  # a node never publishes more; a reader drops a larger payload
+OBJECT_IMAGE_MAX_SIDE_PX = 320
+
+
+class ObjectImageMeta(msgspec.Struct, frozen=True):
+    """What the MQTT 5 user properties of an object image say: who took it, how sure, where in the frame.
+
+    ``box`` is the detection's x0, y0, x1, y1 in the source frame's pixels (the JPEG is a crop around it,
+    the box drawn); ``ts`` the frame's capture time (Unix seconds).
+    """
+
+    node: Name
+    score: Fraction
+    box: tuple[Finite, Finite, Finite, Finite]
+    ts: Finite
+
+    def to_properties(self) -> list[tuple[str, str]]:
+        return [
+            ("node", self.node),
+            ("score", f"{self.score:.3f}"),
+            ("box", ",".join(f"{v:.1f}" for v in self.box)),
+            ("ts", f"{self.ts:.3f}"),
+        ]
+
+    @classmethod
+    def from_properties(cls, pairs: list[tuple[str, str]]) -> ObjectImageMeta:
+        """From a received message's ``UserProperty`` list; ValueError naming the property that is wrong."""
+        found = dict(pairs)
+        missing = [key for key in ("node", "score", "box", "ts") if key not in found]
+        if missing:
+            raise ValueError(f"object image: user property {missing[0]!r} missing")
+        try:
+            box = tuple(float(v) for v in found["box"].split(","))
+        except ValueError:
+            raise ValueError(f"object image: box {found['box'][:40]!r} is not four numbers") from None
+        if len(box) != 4:
+            raise ValueError(f"object image: box has {len(box)} numbers, expected 4")
+        try:
+            score, ts = float(found["score"]), float(found["ts"])
+        except ValueError:
+            raise ValueError("object image: score and ts must be numbers") from None
+        try:
+            return msgspec.convert({"node": found["node"], "score": score, "box": box, "ts": ts}, cls)
+        except msgspec.ValidationError as err:
+            raise ValueError(f"object image: {describe(err)}") from None
 
 
 # -- edgerun.swarm/1 ----------------------------------------------------------------------------

@@ -468,14 +468,18 @@ class Dedup:
 
     # inputs
 
-    def observe(self, fixes: list[Observation], now: float, wall: float) -> None:
-        """This node's ground fixes of one frame: each joins its nearest live track of its class, or starts one."""
+    def observe(self, fixes: list[Observation], now: float, wall: float) -> list[int | None]:
+        """This node's ground fixes of one frame: each joins its nearest live track of its class, or starts one.
+
+        Returns the track each fix went to, in the order of ``fixes`` (None for a fix dropped as invalid).
+        """
         self._now = now
         cfg = self.cfg
         live = [t for t in self._tracks.values() if now - t.last_fix <= cfg.track_timeout_s]
         pairs: list[tuple[float, int, int]] = []
         valid: list[Observation] = []
-        for fix in fixes:
+        position: list[int] = []  # index in ``fixes`` of each valid fix
+        for k, fix in enumerate(fixes):
             if not all(math.isfinite(v) for v in (fix.lat, fix.lon, fix.alt_m, fix.sigma_m, fix.score)):
                 self.stats.drop("fix_not_finite")
                 continue
@@ -483,6 +487,8 @@ class Dedup:
                 self.stats.drop("fix_invalid")
                 continue
             valid.append(fix)
+            position.append(k)
+        tracks: list[int | None] = [None] * len(fixes)
         for i, fix in enumerate(valid):
             for t in live:
                 if t.label != fix.label:
@@ -502,10 +508,12 @@ class Dedup:
             used_fix.add(i)
             used_track.add(tid)
             self._update(self._tracks[tid], valid[i], now, wall)
+            tracks[position[i]] = tid
         for i, fix in enumerate(valid):
             if i not in used_fix:
-                self._start(fix, now, wall)
+                tracks[position[i]] = self._start(fix, now, wall)
                 self._changed = True  # a new track; fixes of known ones regroup at most every claim_min_interval_s
+        return tracks
 
     def receive(self, payload: bytes, now: float, sender: str | None = None) -> None:
         """A claim gossiped by a peer. Never raises: a bad payload is dropped and counted by reason.
@@ -811,6 +819,17 @@ class Dedup:
     def claims_held(self) -> int:
         return sum(len(p) for p in self._peers.values())
 
+    def owned_objects(self) -> dict[str, list[int]]:
+        """The objects this node reported (and so owns), each with this node's tracks of it."""
+        owned: dict[str, list[int]] = {}
+        for t in self._tracks.values():
+            if t.report_id is not None:
+                owned.setdefault(t.report_id, []).append(t.id)
+        return owned
+
+    def track_ids(self) -> set[int]:
+        return set(self._tracks)
+
     def held_claims(self) -> list[Claim]:
         """Every claim this node holds now: its own tracks' and its peers'."""
         own = [t.to_claim(self.node_id) for t in self._tracks.values() if t.hits >= self.cfg.min_hits]
@@ -818,7 +837,7 @@ class Dedup:
 
     # internals
 
-    def _start(self, fix: Observation, now: float, wall: float) -> None:
+    def _start(self, fix: Observation, now: float, wall: float) -> int:
         if len(self._tracks) >= self.cfg.max_tracks:
             # The least recently seen decided track goes first; an undecided one is still decided (reported).
             victim = next((t for t in self._tracks.values() if t.decided()), next(iter(self._tracks.values())))
@@ -841,6 +860,7 @@ class Dedup:
         )
         self._next_track = (self._next_track + 1) & 0xFFFFFFFF
         self._tracks[track.id] = track
+        return track.id
 
     def _update(self, t: _Track, fix: Observation, now: float, wall: float) -> None:
         # A static-object Kalman step per axis: the position may wander by track_noise_m2_s.

@@ -135,6 +135,7 @@ def cmd_station(args: argparse.Namespace) -> int:
             bind_host=bind_host,
             bind_port=bind_port,
             ground=ground,
+            tiles=Path(args.tiles) if args.tiles else None,
             mqtt_cfg=mqtt_client_config(args, mqtt_host, mqtt_port),
             ground_extent=extent,
             truth=load_truth(args.truth),
@@ -251,6 +252,9 @@ def add_station_parser(sub: Any) -> None:
     st.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="where the page is served")
     st.add_argument("--ground", default=None, metavar="IMAGE", help="ground image under the map (or replay:SEED)")
     st.add_argument("--ground-extent", default=None, metavar="W,S,E,N", help="metres the ground image covers")
+    st.add_argument(
+        "--tiles", default=None, metavar="PATH", help="offline basemap: a {z}/{x}/{y}.png directory or an .mbtiles file"
+    )
     st.add_argument("--truth", default=None, metavar="FILE", help="ground truth outlines (JSON, or replay:SEED)")
     st.add_argument("--signing-key", default=None, metavar="FILE", help="release secret key: enables page actions")
     st.add_argument("--password-env", default=None, help="the signing key's password is in this variable")

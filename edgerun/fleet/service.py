@@ -21,6 +21,7 @@ import numpy as np
 from edgerun import hostport, wire
 from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError, EdgerunError
+from edgerun.fleet.find_images import FindCropper, FindImages
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
 from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
@@ -36,6 +37,7 @@ META_TURN_DEG = 30.0
 META_REFRESH_S = 30.0
 # Members declared dead that this node keeps counting as missing (the oldest go first past this).
 MAX_MISSING_REMEMBERED = 1024
+IMAGES_TICK_S = 0.5  # how often the pictures of owned objects are looked at
 
 
 def camera_pose(pose: Pose) -> CameraPose:
@@ -83,6 +85,7 @@ class FleetMember:
         publish_object: Callable[[dict[str, Any], Callable[[], None]], None],
         publish_event: Callable[[str, dict[str, Any]], None],
         meta: Callable[[], MemberMeta],
+        publish_image: Callable[[str, bytes, list[tuple[str, str]]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.node_id = node_id
@@ -103,6 +106,13 @@ class FleetMember:
         self._sent_meta: tuple[MemberMeta, float] | None = None
         # Declared dead and not back: gossip forgets a dead member after ~30 s, an operator must not.
         self._dead_since: dict[str, float] = {}
+        # The picture of each owned find: the cropper runs in the decode thread (the node hands it to the
+        # pipeline), FindImages decides on the loop what goes out through publish_image.
+        self._publish_image = publish_image
+        images_on = cfg.images.enabled and publish_image is not None
+        self.cropper = FindCropper(cfg.images, min_score=cfg.min_score, labels=cfg.labels) if images_on else None
+        self.images = FindImages(cfg.images, now=time.monotonic()) if images_on else None
+        self._images_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -137,12 +147,15 @@ class FleetMember:
             host, port = self.bind
             raise EdgerunError(f"swarm.bind: cannot listen on {host}:{port}: {err.strerror or err}") from None
         self._task = asyncio.create_task(self._run())
+        if self.images is not None:
+            self._images_task = asyncio.create_task(self._run_images())
         log.info("swarm: %s gossiping on %s:%d, %d seed(s)", self.node_id, *self.agent.address, len(self.seeds))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, self._images_task) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.dedup is not None and self.agent is not None:
             # Leaving: report what this node still holds and owns, and tell the swarm before going.
             for obj in self.dedup.flush(time.monotonic(), time.time()):
@@ -178,6 +191,7 @@ class FleetMember:
         frame = self._frame_of(anchor)
         lat, lon, _ = frame.to_geodetic(fixes[hit, 0], fixes[hit, 1], np.zeros(int(hit.sum())))
         ground = anchor[2]  # the height of the flat ground the box was projected onto
+        detection_of = idx[hit].tolist()  # the detection index of each observation
         observations = [
             Observation(
                 label=batch.label_of(int(det.class_ids[i])),
@@ -190,7 +204,13 @@ class FleetMember:
             for i, la, lo, sigma in zip(idx[hit].tolist(), lat.tolist(), lon.tolist(), fixes[hit, 2].tolist())
         ]
         if observations:
-            self.dedup.observe(observations, time.monotonic(), batch.meta.wall_time)
+            tracks = self.dedup.observe(observations, time.monotonic(), batch.meta.wall_time)
+            crops, images = batch.crops, self.images
+            if crops and images is not None:
+                for i, track in zip(detection_of, tracks):
+                    crop = crops.get(i)
+                    if crop is not None and track is not None:
+                        images.offer(track, crop)
 
     # -- gossip interval -----------------------------------------------------------
 
@@ -214,6 +234,23 @@ class FleetMember:
                 for listener in self.view_listeners:
                     listener(view)
             await asyncio.sleep(interval)
+
+    async def _run_images(self) -> None:
+        """The pictures of the objects this node owns: encoded off the loop, published within their bounds."""
+        images = self.images
+        publish = self._publish_image
+        assert images is not None and publish is not None
+        loop = asyncio.get_running_loop()
+        max_bytes = self.cfg.images.max_bytes
+        while True:
+            await asyncio.sleep(IMAGES_TICK_S)
+            images.forget_tracks(self.dedup.track_ids())
+            for object_id, crop in images.due(self.dedup.owned_objects(), time.monotonic()):
+                if crop.image is not None:
+                    await loop.run_in_executor(None, crop.encode, max_bytes)
+                if images.take(object_id, crop, time.monotonic()):
+                    assert crop.jpeg is not None
+                    publish(object_id, crop.jpeg, images.meta(self.node_id, crop).to_properties())
 
     def _frame_of(self, anchor: tuple[float, float, float]) -> LocalFrame:
         """The tangent plane of a pose's frame (one PROJ pipeline per anchor; a pose source keeps one)."""
@@ -336,4 +373,19 @@ class FleetMember:
             "dedup": dedup_stats,
             "objects_published": self.objects_published,
             "frames_without_geo": self.frames_without_geo,
+            "images": self.image_counters(),
+        }
+
+    def image_counters(self) -> dict[str, Any]:
+        """Pictures of owned finds: cropped (decode thread), published, their bytes, and those a bound held back."""
+        images, cropper = self.images, self.cropper
+        if images is None or cropper is None:
+            return {}
+        skipped = dict(images.skipped)
+        skipped["frame_cap"] += cropper.skipped_frame_cap
+        return {
+            "cropped": cropper.cropped,
+            "published": images.published,
+            "bytes": images.bytes_published,
+            "skipped": skipped,
         }

@@ -29,7 +29,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import cv2
 import numpy as np
@@ -239,6 +239,8 @@ class Pipeline:
         self.infer_guard = infer_guard
         self.stats = stats or PipelineStats()
         self.snapshot = Snapshot(settings.snapshot_interval_s)
+        # edgerun.fleet.find_images.FindCropper when the swarm wants pictures of finds (set once serving)
+        self.find_cropper: Any = None
         self.workers = settings.workers or max(1, int(getattr(runtime.engine, "concurrent_calls", 1)))
         # Copies 0..workers-1 belong to the workers (fused) or infer threads; copy ``workers`` to the
         # preprocess and decode threads of the separate layout, which run beside them.
@@ -612,6 +614,9 @@ class Pipeline:
             stats.detections += len(detections)
         if self.snapshot.due(t1):
             self.snapshot.take(slot, batch, t1)
+        cropper = self.find_cropper
+        if cropper is not None and len(detections):
+            batch.crops = cropper.crop(slot.image, batch)  # small copies: the slot goes back to the pool now
         ticket = slot.ticket
         self.pool.release(slot)
         self._in_order.finish(ticket, batch)

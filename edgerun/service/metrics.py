@@ -75,6 +75,25 @@ def swarm_metrics(fleet: Any) -> Iterator[Metric]:
     )
     suppressed.add_metric([], dedup.suppressed)
     yield suppressed
+    images = counters.get("images") or {}
+    if images:
+        published = CounterMetricFamily(
+            "edgerun_find_images_published", "Pictures of owned fleet objects published (first views and better ones)."
+        )
+        published.add_metric([], images["published"])
+        yield published
+        size = CounterMetricFamily("edgerun_find_images_bytes", "JPEG bytes of the pictures published.")
+        size.add_metric([], images["bytes"])
+        yield size
+        skipped = CounterMetricFamily(
+            "edgerun_find_images_skipped",
+            "Crops of finds a bound held back: frame_cap (crops per frame), object_rate (one picture per object per"
+            " min_interval_s), bytes_rate (max_bytes_per_s), too_large (no JPEG quality fits max_bytes).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(images["skipped"].items()):
+            skipped.add_metric([reason], n)
+        yield skipped
 
 
 def pose_metrics(pose: Any) -> Iterator[Metric]:

@@ -79,6 +79,15 @@ class Sink(ABC):
         """Queue a fleet object this node owns (schema ``edgerun.object/2``). Optional. A sink that
         ``confirms_objects`` calls ``on_delivered`` (on the loop) once it is delivered; others ignore it."""
 
+    # Whether publish_object_image carries pictures (only MQTT: a JSON Lines file or a DDS topic of JPEGs helps
+    # nobody). A node with no such sink crops nothing.
+    carries_images: ClassVar[bool] = False
+
+    def publish_object_image(self, object_id: str, jpeg: bytes, properties: list[tuple[str, str]]) -> bool:
+        """Publish the picture of a fleet object this node owns (retained, replacing the last); False when this
+        sink carries no pictures."""
+        return False
+
     def publish_swarm_view(self, view: dict[str, Any]) -> None:  # noqa: B027
         """Publish this node's view of the swarm (schema ``edgerun.swarm/1``), replacing the last. Optional."""
 

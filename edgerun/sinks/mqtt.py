@@ -86,7 +86,17 @@ def _to_builtin(obj: Any) -> Any:
 class _Message:
     """A pre-encoded non-detection message (event, metrics) waiting in the events queue."""
 
-    __slots__ = ("topic_key", "payload", "qos", "retain", "content_type", "expiry_s", "topic", "on_delivered")
+    __slots__ = (
+        "topic_key",
+        "payload",
+        "qos",
+        "retain",
+        "content_type",
+        "expiry_s",
+        "topic",
+        "on_delivered",
+        "user_properties",
+    )
 
     def __init__(
         self,
@@ -98,7 +108,9 @@ class _Message:
         expiry_s: int = 0,
         topic: str | None = None,  # instead of the key's topic (a fleet object's own retained topic)
         on_delivered: Callable[[], None] | None = None,  # called on the broker's PUBACK
+        user_properties: list[tuple[str, str]] | None = None,
     ) -> None:
+        self.user_properties = user_properties
         self.topic = topic
         self.on_delivered = on_delivered
         self.topic_key = topic_key
@@ -165,6 +177,7 @@ class MqttSink(Sink):
         self.topics["objects"] = cfg.fleet_topic
         self.topics["swarm"] = prefix + "swarm"
         self.objects_sent = 0
+        self.images_sent = 0  # pictures of fleet objects the broker acknowledged
         self.stats.connected = False
         self.status_reason = "not started"
         # Counters beyond SinkStats, for /metrics and the metrics topic.
@@ -251,6 +264,17 @@ class MqttSink(Sink):
             topic = f"{self.topics['objects']}/{payload['id']}"
             self._queue_json("objects", payload, 1, retain=True, topic=topic, expiry_s=self.cfg.object_retain_s)
 
+    carries_images = True
+
+    def publish_object_image(self, object_id: str, jpeg: bytes, properties: list[tuple[str, str]]) -> bool:
+        """The picture of a fleet object this node owns, retained on ``<fleet_topic>/<id>/image`` (QoS 1) for as
+        long as the object itself; who took it, its score, box and time in MQTT 5 user properties."""
+        topic = wire.object_image_topic(object_id, self.topics["objects"])
+        expiry_s = self.cfg.object_retain_s
+        message = _Message("images", jpeg, 1, True, wire.OBJECT_IMAGE_CONTENT_TYPE, expiry_s, topic, None, properties)
+        self._queue_message(message)
+        return True
+
     def publish_swarm_view(self, view: dict[str, Any]) -> None:
         """This node's swarm view, retained, so a station that starts later sees the fleet at once."""
         self._queue_json("swarm", view, self.cfg.qos_status, retain=True)
@@ -293,6 +317,7 @@ class MqttSink(Sink):
             "events_sent": self.events_sent,
             "events_dropped": self.events_dropped,
             "objects_sent": self.objects_sent,
+            "images_sent": self.images_sent,
             "connects": self.connects,
         }
 
@@ -448,7 +473,7 @@ class MqttSink(Sink):
         was_connected = self.stats.connected
         # In-flight publishes may not have reached the broker: they go first on the next connection.
         batches = [item for kind, item in self._inflight.values() if kind == "batch"]
-        events = [item for kind, item in self._inflight.values() if kind in ("event", "object")]
+        events = [item for kind, item in self._inflight.values() if kind in ("event", "object", "image")]
         self._inflight.clear()
         if batches:
             queued = [self._outbox.pop() for _ in range(len(self._outbox))]
@@ -579,6 +604,8 @@ class MqttSink(Sink):
             self.stats.sent += 1
         elif kind == "event":
             self.events_sent += 1
+        elif kind == "image":
+            self.images_sent += 1
         elif kind == "object":
             self.objects_sent += 1
             if isinstance(item, _Message) and item.on_delivered is not None:
@@ -595,8 +622,8 @@ class MqttSink(Sink):
 
     @staticmethod
     def _kind_of(topic_key: str) -> str:
-        """Metrics are periodic (a lost one is replaced by the next); events and fleet objects are kept."""
-        return {"events": "event", "objects": "object", "metrics": "metrics"}.get(topic_key, "event")
+        """Metrics are periodic (a lost one is replaced by the next); events, fleet objects and pictures are kept."""
+        return {"events": "event", "objects": "object", "images": "image", "metrics": "metrics"}.get(topic_key, "event")
 
     def _work_left(self) -> bool:
         return bool(len(self._outbox) or self._events or self._inflight)
@@ -613,6 +640,8 @@ class MqttSink(Sink):
             props = Properties(PacketTypes.PUBLISH)
             if message.expiry_s:
                 props.MessageExpiryInterval = message.expiry_s
+            if message.user_properties:
+                props.UserProperty = message.user_properties
             mid = self._publish_now(
                 client,
                 message.topic_key,
@@ -668,7 +697,8 @@ class MqttSink(Sink):
         if props is None:
             props = Properties(PacketTypes.PUBLISH)
         props.ContentType = content_type
-        props.PayloadFormatIndicator = 1  # UTF-8 text
+        if not content_type.startswith("image/"):
+            props.PayloadFormatIndicator = 1  # UTF-8 text (a broker may check it: never said of a JPEG)
         topic = topic_override or self.topics[topic_key]
         alias = None if topic_override else self._alias_of.get(topic_key)
         if alias is not None:
@@ -685,7 +715,7 @@ class MqttSink(Sink):
             # The connection is going away; keep the item for the next one.
             if kind == "batch":
                 self._inflight[info.mid] = (kind, item)
-            elif kind in ("event", "object") and item is not None:
+            elif kind in ("event", "object", "image") and item is not None:
                 self._events.appendleft(item)
             return None
         self._inflight[info.mid] = (kind, item)

@@ -10,6 +10,7 @@
     POST /api/rollouts/<model>/<action> promote (JSON {"percent": 50}) or halt; needs the header
                                         X-Edgerun-Confirm: <model> (a cross-site form cannot send it)
     GET  /ground                        the operator's ground image, if given
+    (and the map's basemap tiles, vendored Leaflet and the object exports: edgerun.station.map_routes)
 
 The doors, in the order a request meets them:
 
@@ -42,11 +43,18 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from edgerun.errors import ConfigError, EdgerunError
 from edgerun.station.auth import LoginThrottle, Session, Sessions, UserFile, csrf_ok, dummy_hash, verify_password
+from edgerun.station.map_routes import MapRoutes
 from edgerun.station.station import ActionRefused, Station, render_boxes_jpeg
+from edgerun.station.tiles import open_tiles
 
 log = logging.getLogger(__name__)
 
-STATIC_FILES = {"index.html": "text/html", "station.js": "text/javascript", "station.css": "text/css"}
+STATIC_FILES = {
+    "index.html": "text/html",
+    "station.js": "text/javascript",
+    "station-map.js": "text/javascript",
+    "station.css": "text/css",
+}
 CLIENT_QUEUE = 64  # deltas a page may fall behind before it is cut off (and reconnects)
 KEEPALIVE_S = 15.0
 SNAPSHOT_TIMEOUT_S = 1.5
@@ -138,6 +146,7 @@ class StationServer:
             self._hosts |= LOOPBACK_NAMES
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
+        self.map = MapRoutes(station.model.objects, open_tiles(options.tiles) if options.tiles else None)
 
     @property
     def scheme(self) -> str:
@@ -163,6 +172,7 @@ class StationServer:
         app.router.add_post("/api/nodes/{node}/retire", self._retire)
         app.router.add_get("/api/objects/{object_id}/image", self._object_image)
         app.router.add_get("/ground", self._ground)
+        self.map.add_to(app)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -187,6 +197,8 @@ class StationServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if self.map.tiles is not None:
+            self.map.tiles.close()
 
     # -- the doors --------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class StationOptions:
     bind_port: int = 8080
     ground: Path | None = None
     ground_extent: tuple[float, float, float, float] = (0.0, 0.0, 40.0, 40.0)  # west, south, east, north (m)
+    tiles: Path | None = None  # the offline basemap: a {z}/{x}/{y}.png directory or an .mbtiles file
     truth: list[dict[str, Any]] = field(default_factory=list)
     signing_key: SecretKey | None = None
     # Root public keys, as a node holds them: every retained release is verified against them before it is

@@ -446,3 +446,26 @@ def test_a_call_that_never_returns_does_not_hold_later_batches_forever(blazeface
     seqs = [b.meta.seq for b in got]
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
     assert p.stats.captured == len(got) + p.stats.dropped_total  # the late result was discarded, counted once
+
+
+@pytest.mark.parametrize("layout", ["separate", "fused"])
+def test_find_crops_are_copied_from_the_frame_the_detection_came_from(blazeface_bundle, photo_dir, layout):
+    """Frames alternate two photos through a small pool of reused slots: a crop taken after its slot went back
+    to the pool (or from another frame) would hold the cameraman's pixels, not the astronaut's face."""
+    from edgerun.config import SwarmImagesConfig
+    from edgerun.fleet.find_images import FindCropper
+
+    p = make(blazeface_bundle, photo_dir, policy="block", stage_threads=layout, replicas=2)
+    p.find_cropper = FindCropper(SwarmImagesConfig(margin=0.0))
+    got = run(p)
+    cropped = [b for b in got if b.crops]
+    assert {b.meta.seq for b in cropped} >= set(range(0, 12, 2))  # the astronaut's face, in every one of hers
+    for batch in cropped:
+        frame = cv2.imread(str(photo_dir / f"{batch.meta.seq:03d}.png"))  # BGR, as the source hands frames on
+        for index, crop in batch.crops.items():
+            assert crop.box == tuple(float(v) for v in batch.detections.boxes[index])
+            left, top = max(0, int(crop.box[0])), max(0, int(crop.box[1]))
+            inner = crop.image[2:-2, 2:-2]  # inside the box drawn on the crop's edge
+            h, w = inner.shape[:2]
+            assert np.array_equal(inner, frame[top + 2 : top + 2 + h, left + 2 : left + 2 + w]), batch.meta.seq
+    assert p.pool.free == len(p.pool.slots)

@@ -313,11 +313,21 @@ document.addEventListener("click", (ev) => {
   if (node) select(node.dataset.id);
 });
 $("logout").addEventListener("click", logout);
-$("fit").addEventListener("click", () => { S.bounds = null; S.dirty = true; });
+$("fit").addEventListener("click", () => { S.bounds = null; S.dirty = true; if (typeof geoFit === "function") geoFit(); });
 $("show-labels").addEventListener("change", () => { S.dirty = true; });
+$("map-mode").addEventListener("change", () => { S.dirty = true; });
 window.addEventListener("resize", () => { S.dirty = true; });
-setInterval(() => { if (S.dirty) { S.dirty = false; renderMap(); renderNodes(); renderHeader(); } }, 200);
+function renderMaps() {
+  // The geographic map when the scene has a place on Earth (station-map.js); the local-metres SVG stays drawn
+  // beneath it for scenes that have none, and as the operator's choice.
+  const geo = typeof geoActive === "function" && geoActive();
+  if (typeof geoShow === "function") geoShow(geo);
+  if (geo) geoRender();
+  renderMap();
+}
+setInterval(() => { if (S.dirty) { S.dirty = false; renderMaps(); renderNodes(); renderHeader(); } }, 200);
 setInterval(() => { S.dirty = true; }, 1000);  // ages and stale marks move with the clock
 setInterval(refreshSnapshot, 2000);
 loadSession();
+if (typeof geoInit === "function" && typeof L !== "undefined") geoInit();
 connect();
