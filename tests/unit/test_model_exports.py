@@ -348,3 +348,29 @@ def test_an_edge_tpu_file_is_bundled_as_the_edgetpu_variant_beside_its_cpu_model
     assert bundle.variant_path("edgetpu").read_bytes() == compiled.read_bytes()
     assert bundle.variant_path("tflite").read_bytes() == cpu.read_bytes()
     assert edgerun_main(["model", "inspect", str(bundle.root)]) == 0  # inspect runs the CPU fallback
+
+
+def test_a_label_map_packed_by_tflite_model_metadata_names_the_classes(tmp_path):
+    """The LiteRT export without Ultralytics' metadata.json, with a label map packed the way the TFLite
+    Support metadata writer packs associated files (a zip appended to the flatbuffer)."""
+    import io
+    import zipfile
+
+    data = (EXPORTS_DIR / "yolov8t_float32.tflite").read_bytes()
+    bare = data[: data.rfind(b"PK\x03\x04")]  # the flatbuffer without the appended metadata.json
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as zf:
+        zf.writestr("labelmap.txt", "kite\nbird\nplane\n")
+    model = tmp_path / "no_ultralytics_metadata.tflite"
+    model.write_bytes(bare + packed.getvalue())
+    result = import_model(model, tmp_path / "b")
+    m = result.bundle.manifest
+    assert list(m.labels) == ["kite", "bird", "plane"]
+    assert {s.key: s.source for s in result.settings}["labels"] == (
+        "labelmap.txt packed in the file (TFLite Model Metadata)"
+    )
+    # No exporter metadata: the layout from the shapes and the label count; `normalized` left at "auto".
+    assert m.decoder.kind == "yolov8" and m.decoder.params == {"num_classes": 3}
+    plain = tmp_path / "plain.tflite"
+    plain.write_bytes(bare)
+    assert import_model(plain, tmp_path / "c").bundle.labels == ()
