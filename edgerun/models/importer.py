@@ -404,10 +404,19 @@ def _preprocess(input_spec: TensorSpec, meta: UltralyticsMetadata | None) -> tup
         spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [1.0] * 3, "pad_value": 0}
         return spec, f"{np.dtype(input_spec.dtype)} input without quantisation: raw pixels"
     spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [255.0] * 3, "pad_value": 0}
+    quantised = ""
+    if input_spec.quantised:
+        quantised = (
+            f"; {np.dtype(input_spec.dtype)} input: the tensor's scale {input_spec.scale:.6g} and zero point "
+            f"{input_spec.zero_point} on top"
+        )
     if meta is not None:
         spec["pad_value"] = ULTRALYTICS_PAD
-        return spec, f"{meta.exporter} convention: letterbox, RGB, /255, pad 114"
-    return spec, "default (the file does not say): letterbox, RGB, /255; check it against how it was trained"
+        return spec, f"{meta.exporter} convention: letterbox, RGB, /255, pad 114{quantised}"
+    return (
+        spec,
+        f"default (the file does not say): letterbox, RGB, /255; check it against how it was trained{quantised}",
+    )
 
 
 # -- the import ------------------------------------------------------------------------------
@@ -488,6 +497,12 @@ def import_model(
         finally:
             engine.close()
         # The class count: the file's own names where it has them (so --labels one short is caught), else the labels.
+        if suffix == ".tflite" and len(input_spec.shape) == 4:
+            in_h, in_w = input_spec.image_hw
+            dims = ", ".join(str(d) for d in input_spec.shape)
+            settings.insert(
+                0, Setting("input", f"{in_w}x{in_h}", f"input {input_spec.name!r} [{dims}], fixed in the file")
+            )
         num_names = len(meta.names) if meta is not None and meta.names else (len(labels) or None)
         if decoder:
             params = ultralytics_yolo_params(meta, source.coords.raw) if decoder in ("yolov5", "yolov8") else {}

@@ -56,6 +56,8 @@ EXPORTS = [
     Export("yolov8t.onnx", "v8", (1, 7, 336), False, "yolov8"),
     Export("yolov8t_float32.tflite", "v8", (1, 7, 336), True, "yolov8"),
     Export("yolov8t_int8.tflite", "v8", (1, 7, 336), True, "yolov8"),
+    # int8 input and output tensors (scale and zero point), by Ultralytics' quantizer: see make_exports.py.
+    Export("yolov8t_int8io.tflite", "v8", (1, 7, 336), True, "yolov8"),
     Export("yolo11t.onnx", "v8", (1, 7, 336), False, "yolov8"),
     Export("yolo11t_float32.tflite", "v8", (1, 7, 336), True, "yolov8"),
     Export("yolov10t.onnx", "e2e", (1, 300, 6), False, "yolo_end2end"),
@@ -115,10 +117,19 @@ def run_file(path: Path, image: np.ndarray) -> np.ndarray:
     interp.allocate_tensors()
     (inp,) = interp.get_input_details()
     nchw = list(inp["shape"][1:2]) == [3]
-    interp.set_tensor(inp["index"], np.ascontiguousarray((x.transpose(2, 0, 1) if nchw else x)[None]))
+    x = np.ascontiguousarray((x.transpose(2, 0, 1) if nchw else x)[None])
+    scale, zero_point = inp["quantization"]
+    if np.issubdtype(inp["dtype"], np.integer):  # TFLite's affine quantisation: q = x / scale + zero_point
+        info = np.iinfo(inp["dtype"])
+        x = np.clip(np.round(x / scale + zero_point), info.min, info.max).astype(inp["dtype"])
+    interp.set_tensor(inp["index"], x)
     interp.invoke()
     (out,) = interp.get_output_details()
-    return np.asarray(interp.get_tensor(out["index"]))
+    y = np.asarray(interp.get_tensor(out["index"]))
+    scale, zero_point = out["quantization"]
+    if np.issubdtype(out["dtype"], np.integer):
+        y = (y.astype(np.float32) - zero_point) * np.float32(scale)
+    return y
 
 
 def reference_detect(export: Export, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -374,3 +385,12 @@ def test_a_label_map_packed_by_tflite_model_metadata_names_the_classes(tmp_path)
     plain = tmp_path / "plain.tflite"
     plain.write_bytes(bare)
     assert import_model(plain, tmp_path / "c").bundle.labels == ()
+
+
+def test_an_int8_input_is_fed_with_the_tensors_own_scale_and_zero_point(imported):
+    result = imported["yolov8t_int8io.tflite"]
+    report = inspect_bundle(str(result.bundle.root), warmup_runs=1)
+    scale, zero_point = report["input"]["quantisation"]["scale"], report["input"]["quantisation"]["zero_point"]
+    assert report["input"]["dtype"] == "int8" and zero_point == -128 and 0 < scale < 0.01, report["input"]
+    source = {s.key: s.source for s in result.settings}["preprocess"]
+    assert f"int8 input: the tensor's scale {scale:.6g} and zero point -128 on top" in source

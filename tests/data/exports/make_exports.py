@@ -231,12 +231,43 @@ def export_yolov5(workdir: Path) -> list[Path]:
     return [target]
 
 
+def export_int8_io(workdir: Path) -> list[Path]:
+    """yolov8t_float32.tflite with int8 input and output tensors, by ai-edge-quantizer (Ultralytics' quantizer).
+
+    Ultralytics' own int8 export keeps float32 at the edges (it overrides the
+    recipe's input and output to NO_QUANTIZE); this is the same static int8
+    recipe without that override, so the file has the int8 input with a scale
+    and zero point that a microcontroller or NPU export has. Its metadata.json
+    is carried over from the float file.
+    """
+    import io
+    import zipfile
+
+    from ai_edge_quantizer import quantizer, recipe
+
+    source = (HERE / "yolov8t_float32.tflite").read_bytes()
+    flatbuffer = source[: source.rfind(b"PK\x03\x04")]  # the model without Ultralytics' appended zip
+    metadata = zipfile.ZipFile(io.BytesIO(source)).read("metadata.json")
+    plain = workdir / "yolov8t_float32_plain.tflite"
+    plain.write_bytes(flatbuffer)
+    qt = quantizer.Quantizer(str(plain))
+    qt.load_quantization_recipe(recipe.static_wi8_ai8())
+    batch = calibration_batch().numpy()
+    result = qt.calibrate({"serving_default": [{"args_0": batch[i : i + 1]} for i in range(len(batch))]})
+    target = HERE / "yolov8t_int8io.tflite"
+    qt.quantize(calibration_result=result).export_model(str(target), overwrite=True)
+    with zipfile.ZipFile(target, "a", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("metadata.json", metadata)
+    return [target]
+
+
 JOBS = {
     "yolov8t": lambda w: export_ultralytics("yolov8t", "yolov8.yaml", ["onnx", "float32", "int8"], w),
     "yolo11t": lambda w: export_ultralytics("yolo11t", "yolo11.yaml", ["onnx", "float32"], w),
     "yolov10t": lambda w: export_ultralytics("yolov10t", "yolov10n.yaml", ["onnx"], w, end2end=True),
     "yolo26t": lambda w: export_ultralytics("yolo26t", "yolo26.yaml", ["onnx", "float32"], w, end2end=True),
     "yolov5t": export_yolov5,
+    "yolov8t_int8io": export_int8_io,  # after yolov8t: made from its float32 file
 }
 
 
