@@ -357,7 +357,7 @@ class BoxCoords:
     """How an exporter scales box coordinates: normalised to the input (True) or input pixels (False)."""
 
     raw: bool  # raw heads ([1, 4 + C, N], [1, N, 5 + C])
-    end2end: bool  # end-to-end heads ([1, K, 6])
+    end2end: bool | str  # end-to-end heads ([1, K, 6]); "auto" where the exporter's scale is not known
     source: str
 
 
@@ -497,6 +497,8 @@ def import_model(
         finally:
             engine.close()
         # The class count: the file's own names where it has them (so --labels one short is caught), else the labels.
+        if suffix == ".tflite":
+            source.coords = _tflite_coords(meta, input_spec.layout)
         if suffix == ".tflite" and len(input_spec.shape) == 4:
             in_h, in_w = input_spec.image_hw
             dims = ", ".join(str(d) for d in input_spec.shape)
@@ -641,7 +643,7 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
         props, file_labels, labels_where = info.ultralytics, info.labels, info.labels_source
     meta = parse_ultralytics_metadata(props) if props else None
     origin = " ".join(filter(None, ["Ultralytics", meta.version, "metadata.json"])) if meta else ""
-    coords = _tflite_coords(meta)
+    coords = _tflite_coords(meta, "")  # settled once the engine has read the input's layout
     return _Source(
         variants=variants,
         write=write,
@@ -656,28 +658,27 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
 
 TFLITE_VARIANT = "model.tflite"
 EDGETPU_VARIANT = "model_edgetpu.tflite"
-# Ultralytics 8.4.83 replaced onnx2tf with litert_torch for TFLite; from then on end-to-end heads keep pixels.
-LITERT_TORCH_SINCE = (8, 4, 83)
 
 
-def _tflite_coords(meta: UltralyticsMetadata | None) -> BoxCoords:
-    """How an Ultralytics TFLite export scales boxes.
+def _tflite_coords(meta: UltralyticsMetadata | None, layout: str) -> BoxCoords:
+    """How an Ultralytics TFLite export scales boxes, from the converter that wrote it.
 
-    Raw heads are normalised to the input by both of its TFLite paths (onnx2tf's
-    ``tf_wrapper`` and litert_torch's ``_NormalizeCoords``); end-to-end heads were
-    normalised by the onnx2tf path and keep input pixels on the litert_torch path
-    (``ultralytics/utils/export/litert.py``).
+    litert_torch (Ultralytics >= 8.4.83, ``format=litert``) keeps PyTorch's NCHW
+    input; onnx2tf (older releases, and ``saved_model``/``edgetpu`` still) writes
+    NHWC. Raw heads are normalised to the input by both (``_NormalizeCoords``,
+    ``tf_wrapper``); litert_torch leaves end-to-end heads in input pixels
+    (``ultralytics/utils/export/litert.py``). For onnx2tf's end-to-end heads the
+    importer does not claim a scale and leaves ``normalized`` at "auto".
     """
     if meta is None:
-        return BoxCoords(raw=True, end2end=True, source="TFLite heads without metadata: taken as normalised")
-    version = tuple(int(v) for v in re.findall(r"\d+", meta.version)[:3])
-    litert = bool(version) and version >= LITERT_TORCH_SINCE
-    path = "litert_torch" if litert else "onnx2tf"
+        return BoxCoords(raw=True, end2end="auto", source="TFLite heads without metadata: decided by magnitude")
+    litert = layout == "NCHW"
+    path = "litert_torch: NCHW input" if litert else "onnx2tf: NHWC input"
     return BoxCoords(
         raw=True,
-        end2end=not litert,
-        source=f"Ultralytics {meta.version or '?'} TFLite ({path} path): raw heads normalised, end-to-end "
-        + ("in input pixels" if litert else "normalised"),
+        end2end=False if litert else "auto",
+        source=f"Ultralytics {meta.version or '?'} TFLite ({path}): raw heads normalised, end-to-end "
+        + ("in input pixels" if litert else "decided by magnitude"),
     )
 
 

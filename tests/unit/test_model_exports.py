@@ -50,6 +50,7 @@ class Export:
     kind: str  # the decoder the importer must choose
     iou: float = 0.7  # the family's NMS IoU
     max_det: int = 300
+    param: bool | str | None = None  # decoder.params.normalized the importer writes, where not ``normalized``
 
 
 EXPORTS = [
@@ -64,6 +65,8 @@ EXPORTS = [
     Export("yolo26t.onnx", "e2e", (1, 300, 6), False, "yolo_end2end"),
     # litert_torch keeps an end-to-end head's corners in input pixels (ultralytics/utils/export/litert.py).
     Export("yolo26t_float32.tflite", "e2e", (1, 300, 6), False, "yolo_end2end"),
+    # Ultralytics' onnx2tf path (NHWC input): its end-to-end scale is not claimed, "auto" reads pixels here.
+    Export("yolo26t_onnx2tf_float32.tflite", "e2e", (1, 300, 6), False, "yolo_end2end", param="auto"),
     Export("yolov5t.onnx", "v5", (1, 1008, 8), False, "yolov5", iou=0.45, max_det=1000),
 ]
 IDS = [e.file for e in EXPORTS]
@@ -244,7 +247,7 @@ def test_import_with_no_flags_reads_layout_and_metadata(imported, export):
     assert m.decoder.kind == export.kind
     assert m.decoder.params["num_classes"] == len(NAMES)
     assert m.decoder.params["min_score_thresh"] == CONF
-    assert m.decoder.params["normalized"] is export.normalized
+    assert m.decoder.params["normalized"] == (export.normalized if export.param is None else export.param)
     if export.kind != "yolo_end2end":
         assert m.decoder.params["iou_thresh"] == export.iou
     assert list(m.labels) == NAMES

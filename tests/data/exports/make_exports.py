@@ -20,6 +20,9 @@ dependency of ``make test``), made like this on x86_64 Python 3.11:
         onnxslim==0.1.98 scikit-image
     # LiteRT (.tflite): Ultralytics >= 8.4.83 converts PyTorch straight to LiteRT (no TensorFlow, no onnx2tf)
     /work/exporters-venv/bin/pip install litert-torch==0.10.0 ai-edge-quantizer==0.10.0
+    # Ultralytics' onnx2tf path (format=saved_model), for yolo26t_onnx2tf_float32.tflite
+    /work/exporters-venv/bin/pip install tensorflow-cpu==2.19.0 tf_keras==2.19.0 onnx2tf==1.28.8 \
+        sng4onnx==2.0.1 onnx_graphsurgeon==0.6.1
     # YOLOv5's own [1, N, 5 + C] head; yolov5 7.0 still imports pkg_resources (setuptools < 70)
     /work/exporters-venv/bin/pip install --no-deps yolov5==7.0.14
     /work/exporters-venv/bin/pip install pandas seaborn gitpython thop fire
@@ -231,6 +234,24 @@ def export_yolov5(workdir: Path) -> list[Path]:
     return [target]
 
 
+def export_onnx2tf(workdir: Path) -> list[Path]:
+    """YOLO26's end-to-end head through Ultralytics' other TFLite path: ONNX -> onnx2tf -> TFLite (NHWC input).
+
+    ``format=saved_model`` (and ``edgetpu``) still convert with onnx2tf, as every
+    TFLite export before 8.4.83 did, and Ultralytics appends its metadata.json to
+    the .tflite files it writes there. onnx2tf's int8 calibration sample is a
+    download; this float32 export does not use it, so a placeholder stands in.
+    """
+    import numpy as np
+
+    np.save(workdir / "calibration_image_sample_data_20x128x128x3_float32.npy", np.zeros((20, 128, 128, 3), np.float32))
+    model = ultralytics_model("yolo26.yaml", workdir)
+    folder = Path(model.export(format="saved_model", imgsz=IMGSZ, batch=1, nms=False))
+    target = HERE / "yolo26t_onnx2tf_float32.tflite"
+    shutil.copyfile(next(folder.glob("*_float32.tflite")), target)
+    return [target]
+
+
 def export_int8_io(workdir: Path) -> list[Path]:
     """yolov8t_float32.tflite with int8 input and output tensors, by ai-edge-quantizer (Ultralytics' quantizer).
 
@@ -268,6 +289,7 @@ JOBS = {
     "yolo26t": lambda w: export_ultralytics("yolo26t", "yolo26.yaml", ["onnx", "float32"], w, end2end=True),
     "yolov5t": export_yolov5,
     "yolov8t_int8io": export_int8_io,  # after yolov8t: made from its float32 file
+    "yolo26t_onnx2tf": export_onnx2tf,
 }
 
 
@@ -276,7 +298,7 @@ def versions() -> str:
 
     lines = []
     dists = ("torch", "ultralytics", "onnx", "onnxruntime", "onnxslim", "litert-torch", "ai-edge-quantizer")
-    for dist in (*dists, "ai-edge-litert", "yolov5", "numpy"):
+    for dist in (*dists, "ai-edge-litert", "tensorflow", "tensorflow-cpu", "tf_keras", "onnx2tf", "yolov5", "numpy"):
         try:
             lines.append(f"{dist}=={version(dist)}")
         except PackageNotFoundError:
