@@ -33,6 +33,7 @@ def cmd_model_import(args: argparse.Namespace) -> int:
         input_size=args.input,
         name=args.name,
         version=args.version,
+        cpu_model=args.cpu_model,
     )
     print(result.format())
     return 0
@@ -91,11 +92,19 @@ def cmd_model_build_trt(args: argparse.Namespace) -> int:
 def add_model_parser(sub: Any) -> None:
     model = sub.add_parser("model", help="model bundles")
     msub = model.add_subparsers(dest="model_command", required=True)
-    imp = msub.add_parser("import", help="write a bundle from what a model file says about itself (.onnx)")
-    imp.add_argument("model", help="the model file (an Ultralytics or other ONNX export)")
+    imp = msub.add_parser("import", help="write a bundle from what a model file says about itself (.onnx, .tflite)")
+    imp.add_argument("model", help="the model file (an Ultralytics or other ONNX or TFLite export)")
     imp.add_argument("--out", required=True, help="the bundle directory to write")
     imp.add_argument("--labels", default=None, help="class names, one a line (default: from the file's metadata)")
-    imp.add_argument("--decoder", default=None, help="yolov5, yolov8, tflite_ssd, classify (default: from the outputs)")
+    imp.add_argument(
+        "--decoder", default=None, help="yolov5, yolov8, yolo_end2end, tflite_ssd, classify (default: from the outputs)"
+    )
+    imp.add_argument(
+        "--cpu-model",
+        default=None,
+        metavar="FILE",
+        help="the CPU .tflite an Edge TPU-compiled model was compiled from (its fallback)",
+    )
     imp.add_argument("--input", default=None, metavar="WxH", help="input size for dynamic dims (default: imgsz)")
     imp.add_argument("--name", default=None, help="bundle name (default: the file's stem)")
     imp.add_argument("--version", type=int, default=None, help="bundle version (default 1)")

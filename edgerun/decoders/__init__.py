@@ -16,6 +16,7 @@ DECODER_MODULES: dict[str, str] = {
     "tflite_ssd": "edgerun.decoders.tflite_ssd:TFLiteSSDDecoder",
     "yolov5": "edgerun.decoders.yolo:YOLOv5Decoder",
     "yolov8": "edgerun.decoders.yolo:YOLOv8Decoder",
+    "yolo_end2end": "edgerun.decoders.yolo_end2end:YOLOEnd2EndDecoder",
     "classify": "edgerun.decoders.classify:ClassifyDecoder",
 }
 

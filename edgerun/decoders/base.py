@@ -17,6 +17,36 @@ from edgerun.engines.base import TensorSpec
 from edgerun.errors import ModelError
 from edgerun.types import Detections
 
+# Quantised scores dequantise a hair past 1 ((255 - 0) * 0.0039216 = 1.00000...): within this they are clipped,
+# beyond it the model is not producing probabilities.
+SCORE_TOLERANCE = 1e-3
+
+
+def output_fault(detections: Detections, label_count: int) -> str | None:
+    """Why these detections cannot be published, or None: scores outside [0, 1], class ids outside the labels.
+
+    A decoder built on the right head gives neither by construction; a model
+    that produces them anyway (a head without its sigmoid, a class column past
+    the labels) is a per-frame error, counted, never a payload. Scores within
+    ``SCORE_TOLERANCE`` of the range are clipped into it in place.
+    """
+    if len(detections) == 0:
+        return None
+    scores = detections.scores
+    low, high = float(np.min(scores)), float(np.max(scores))
+    if not (low >= -SCORE_TOLERANCE and high <= 1.0 + SCORE_TOLERANCE):  # NaN fails both
+        return f"score {high if high > 1.0 or high != high else low:.4g} outside [0, 1]"
+    if low < 0.0 or high > 1.0:
+        np.clip(scores, 0.0, 1.0, out=scores)
+    ids = detections.class_ids
+    if label_count > 0:
+        low_id, high_id = int(np.min(ids)), int(np.max(ids))
+        if low_id < 0 or high_id >= label_count:
+            return f"class id {high_id if high_id >= label_count else low_id} outside the {label_count} labels"
+    if not np.isfinite(detections.boxes).all():
+        return "box coordinates not finite"
+    return None
+
 
 def describe_tensor(spec: TensorSpec) -> str:
     """How errors name a tensor: its name and shape, e.g. ``'output0' [1, 84, 8400]``."""

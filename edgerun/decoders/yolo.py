@@ -125,7 +125,10 @@ class _YoloDecoder(Decoder):
             f"of a {self.input_w}x{self.input_h} input ({usual} with strides 8, 16, 32)"
         )
         if values == END_TO_END_VALUES:
-            return text + "; [1, N, 6] is an end-to-end head (YOLOv10, YOLO26: boxes after NMS), not decoded yet"
+            return (
+                text
+                + "; [1, N, 6] is an end-to-end head (YOLOv10, YOLO26: boxes after NMS): use decoder kind yolo_end2end"
+            )
         if rows % 3 == 0 and rows // 3 in grid_sizes_v8(self.input_h, self.input_w):
             return text + "; 3 boxes per cell is a YOLOv5 head: use decoder kind yolov5"
         return text

@@ -19,6 +19,7 @@ import numpy as np
 
 from edgerun.engines.base import Engine, EngineOptions, TensorSpec
 from edgerun.engines.native_stderr import native_stderr_to_log
+from edgerun.engines.onnx import image_layout
 from edgerun.errors import EngineError, ModelError
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def _spec(detail: dict[str, Any], image: bool) -> TensorSpec:
         name=str(detail["name"]),
         shape=shape,
         dtype=np.dtype(detail["dtype"]),
-        layout="NHWC" if image and len(shape) == 4 else "",
+        # LiteRT files converted straight from PyTorch (litert_torch, Ultralytics >= 8.4.83) keep NCHW inputs.
+        layout=image_layout(shape) if image else "",
         scale=float(scale),
         zero_point=int(zero_point),
     )

@@ -27,6 +27,8 @@ import numpy as np
 
 from edgerun.decoders import decoder_class
 from edgerun.decoders.base import describe_tensor
+from edgerun.decoders.yolo import grid_sizes_v8
+from edgerun.decoders.yolo_end2end import ROW_VALUES as END_TO_END_VALUES
 from edgerun.engines.base import EngineOptions, TensorSpec
 from edgerun.errors import ModelError
 from edgerun.models.bundle import MANIFEST, ModelBundle, file_sha256, load_bundle, write_manifest
@@ -38,6 +40,10 @@ ULTRALYTICS_PAD = 114
 ULTRALYTICS_CONF = 0.25
 ULTRALYTICS_IOU = 0.7
 ULTRALYTICS_MAX_DET = 300
+# YOLOv5's own export (the yolov5 repository and its PyPI package) writes only ``stride`` and ``names``; its
+# detect.py letterboxes the same way and keeps conf >= 0.25 with NMS IoU 0.45.
+YOLOV5_IOU = 0.45
+YOLOV5_MAX_DET = 1000
 
 ONNX_VARIANT = "model.onnx"
 
@@ -78,24 +84,28 @@ class UltralyticsMetadata:
     stride: int | None = None
     task: str | None = None
     end2end: bool = False
+    exporter: str = "Ultralytics"  # or "YOLOv5" (the yolov5 repository's export: stride and names only)
     description: str = ""
     version: str = ""
     license: str = ""
 
 
-def parse_ultralytics_metadata(props: dict[str, str]) -> UltralyticsMetadata | None:
-    """Ultralytics metadata from ONNX ``metadata_props`` (None when the file has none).
+def parse_ultralytics_metadata(props: dict[str, Any]) -> UltralyticsMetadata | None:
+    """Ultralytics metadata from ONNX ``metadata_props`` or a TFLite file's ``metadata.json`` (None when absent).
 
-    The exporter writes ``str(value)`` for each key, so ``names`` is a dict literal
-    ``{0: 'person', ...}`` and ``imgsz`` a list literal ``[640, 640]``.
+    In ONNX the exporter writes ``str(value)`` for each key, so ``names`` is a dict
+    literal ``{0: 'person', ...}`` and ``imgsz`` a list literal ``[640, 640]``; in
+    TFLite the values are JSON (``names`` keyed by strings ``"0"``), taken as they are.
     """
-    if props.get("author") != "Ultralytics" and not {"names", "imgsz"} <= props.keys():
+    yolov5 = props.get("author") != "Ultralytics" and {"names", "stride"} <= props.keys() and "imgsz" not in props
+    if props.get("author") != "Ultralytics" and not {"names", "imgsz"} <= props.keys() and not yolov5:
         return None
     meta = UltralyticsMetadata(
-        description=props.get("description", ""),
-        version=props.get("version", ""),
-        license=props.get("license", ""),
-        task=props.get("task") or None,
+        exporter="YOLOv5" if yolov5 else "Ultralytics",
+        description=str(props.get("description", "")),
+        version=str(props.get("version", "")),
+        license=str(props.get("license", "")),
+        task=str(props.get("task") or "") or None,
     )
     if "names" in props:
         meta.names = _names(_literal(props, "names"))
@@ -116,7 +126,9 @@ def parse_ultralytics_metadata(props: dict[str, str]) -> UltralyticsMetadata | N
     return meta
 
 
-def _literal(props: dict[str, str], key: str) -> Any:
+def _literal(props: dict[str, Any], key: str) -> Any:
+    if not isinstance(props[key], str):
+        return props[key]  # already a value (JSON metadata)
     try:
         return ast.literal_eval(props[key])
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -127,6 +139,8 @@ def _names(value: Any) -> list[str]:
     """Class names indexed 0..C-1 from a ``{index: name}`` dict or a list."""
     if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
         return list(value)
+    if isinstance(value, dict) and all(isinstance(k, str) and k.isdigit() for k in value):
+        value = {int(k): v for k, v in value.items()}  # JSON object keys are strings
     if isinstance(value, dict) and all(isinstance(k, int) and isinstance(v, str) for k, v in value.items()):
         if sorted(value) != list(range(len(value))):
             raise ModelError(f"metadata names: class indices must be 0..{len(value) - 1}, got {sorted(value)[:8]}")
@@ -284,19 +298,23 @@ class DecoderChoice:
 
 
 def choose_decoder(
-    outputs: list[TensorSpec], meta: UltralyticsMetadata | None, num_names: int | None, path: Path
+    outputs: list[TensorSpec],
+    meta: UltralyticsMetadata | None,
+    num_names: int | None,
+    path: Path,
+    coords: BoxCoords | None = None,
+    input_hw: tuple[int, int] | None = None,
 ) -> DecoderChoice:
-    """The decoder kind for these outputs, from their shapes and the file's metadata; refuses the rest."""
+    """The decoder kind for these outputs, from their shapes and the file's metadata; refuses the rest.
+
+    ``num_names`` is the count of the labels (the file's names or ``--labels``);
+    ``coords`` says how the exporter scales box coordinates (None: ONNX pixels).
+    """
+    coords = coords or BoxCoords(raw=False, end2end=False, source="ONNX exports of YOLO heads give input pixels")
     task = meta.task if meta else None
     if task and task not in ("detect", "classify"):
         shapes = ", ".join(describe_tensor(o) for o in outputs)
         raise ModelError(f"{path}: task {task!r} (outputs {shapes}): edgerun decodes detect and classify models so far")
-    if meta is not None and meta.end2end:
-        raise ModelError(
-            f"{path}: output {describe_tensor(outputs[0])} is an end-to-end head (end2end in the file's metadata: "
-            "boxes after the model's own NMS), which no decoder reads yet; export the raw head (end2end=False)"
-        )
-    yolo_params = ultralytics_yolo_params(meta)
     if len(outputs) == 4 and any(len(o.shape) == 3 and o.shape[-1] == 4 for o in outputs):
         return DecoderChoice("tflite_ssd", {}, "4 outputs with a [1, N, 4] boxes tensor: SSD post-process")
     if len(outputs) != 1:
@@ -304,15 +322,21 @@ def choose_decoder(
         raise ModelError(f"{path}: cannot tell a decoder from {len(outputs)} outputs {shapes}; pass --decoder")
     out = outputs[0]
     shape = tuple(int(d) for d in out.shape)
+    if meta is not None and meta.end2end:
+        return _end2end(out, meta, num_names, path, coords, "end2end in the file's metadata")
+    yolo_params = ultralytics_yolo_params(meta, coords.raw)
     if task == "classify" or (len(shape) >= 1 and all(d == 1 for d in shape[:-1]) and len(shape) <= 2):
         source = "task 'classify' in the file's metadata" if task == "classify" else f"output {describe_tensor(out)}"
         return DecoderChoice("classify", {}, source)
     if len(shape) != 3 or shape[0] != 1:
         raise ModelError(f"{path}: output {describe_tensor(out)} is no head edgerun decodes; pass --decoder")
     a, b = shape[1], shape[2]
+    yolov5_rows = {3 * n for n in grid_sizes_v8(*input_hw)} if input_hw else set()
+    if b == END_TO_END_VALUES and meta is None and a not in yolov5_rows and (not num_names or a != 4 + num_names):
+        return _end2end(out, meta, num_names, path, coords, "[1, K, 6] rows: x1, y1, x2, y2, score, class")
     if num_names:
         params = dict(yolo_params, num_classes=num_names)
-        where = f"output {describe_tensor(out)} with the {num_names} classes of the file's names"
+        where = f"output {describe_tensor(out)} with {num_names} classes"
         if a == 4 + num_names:
             return DecoderChoice("yolov8", params, f"{where}: [1, 4 + C, N], YOLOv8/11")
         if b == 4 + num_names:
@@ -321,27 +345,52 @@ def choose_decoder(
             return DecoderChoice("yolov5", params, f"{where}: [1, N, 5 + C], YOLOv5")
         raise ModelError(
             f"{path}: output {describe_tensor(out)} fits no head of {num_names} classes "
-            f"(YOLOv8 [1, {4 + num_names}, N], YOLOv5 [1, N, {5 + num_names}])"
-        )
-    if b == 6 and a < b * 100:
-        raise ModelError(
-            f"{path}: output {describe_tensor(out)} looks like an end-to-end head (boxes, score, class after NMS), "
-            "which no decoder reads yet"
+            f"(YOLOv8 [1, {4 + num_names}, N], YOLOv5 [1, N, {5 + num_names}], end-to-end [1, K, 6])"
         )
     if a < b:
         return DecoderChoice("yolov8", yolo_params, f"output {describe_tensor(out)}: [1, 4 + C, N], YOLOv8/11")
     return DecoderChoice("yolov5", yolo_params, f"output {describe_tensor(out)}: [1, N, 5 + C], YOLOv5")
 
 
-def ultralytics_yolo_params(meta: UltralyticsMetadata | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BoxCoords:
+    """How an exporter scales box coordinates: normalised to the input (True) or input pixels (False)."""
+
+    raw: bool  # raw heads ([1, 4 + C, N], [1, N, 5 + C])
+    end2end: bool | str  # end-to-end heads ([1, K, 6]); "auto" where the exporter's scale is not known
+    source: str
+
+
+def _end2end(
+    out: TensorSpec, meta: UltralyticsMetadata | None, num_names: int | None, path: Path, coords: BoxCoords, why: str
+) -> DecoderChoice:
+    shape = tuple(int(d) for d in out.shape)
+    if len(shape) != 3 or shape[0] != 1 or shape[2] != END_TO_END_VALUES:
+        raise ModelError(
+            f"{path}: output {describe_tensor(out)} is not the [1, K, 6] rows of an end-to-end head ({why})"
+        )
+    if not num_names:
+        raise ModelError(
+            f"{path}: output {describe_tensor(out)} is an end-to-end head whose class count is not in the tensor "
+            "and the file names no classes: pass --labels FILE"
+        )
+    params: dict[str, Any] = {"num_classes": num_names}
+    if meta is not None:
+        params.update(
+            min_score_thresh=ULTRALYTICS_CONF, max_results=min(ULTRALYTICS_MAX_DET, shape[1]), normalized=coords.end2end
+        )
+    return DecoderChoice("yolo_end2end", params, f"output {describe_tensor(out)}: end-to-end head ({why})")
+
+
+def ultralytics_yolo_params(meta: UltralyticsMetadata | None, normalized: bool = False) -> dict[str, Any]:
     """YOLO decoder params that match Ultralytics' own predictor, for its exports; none otherwise."""
     if meta is None:
         return {}
     return {
         "min_score_thresh": ULTRALYTICS_CONF,
-        "iou_thresh": ULTRALYTICS_IOU,
-        "max_results": ULTRALYTICS_MAX_DET,
-        "normalized": False,  # Ultralytics' ONNX heads give boxes in input pixels
+        "iou_thresh": YOLOV5_IOU if meta.exporter == "YOLOv5" else ULTRALYTICS_IOU,
+        "max_results": YOLOV5_MAX_DET if meta.exporter == "YOLOv5" else ULTRALYTICS_MAX_DET,
+        "normalized": normalized,
     }
 
 
@@ -355,13 +404,36 @@ def _preprocess(input_spec: TensorSpec, meta: UltralyticsMetadata | None) -> tup
         spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [1.0] * 3, "pad_value": 0}
         return spec, f"{np.dtype(input_spec.dtype)} input without quantisation: raw pixels"
     spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [255.0] * 3, "pad_value": 0}
+    quantised = ""
+    if input_spec.quantised:
+        quantised = (
+            f"; {np.dtype(input_spec.dtype)} input: the tensor's scale {input_spec.scale:.6g} and zero point "
+            f"{input_spec.zero_point} on top"
+        )
     if meta is not None:
         spec["pad_value"] = ULTRALYTICS_PAD
-        return spec, "Ultralytics convention: letterbox, RGB, /255, pad 114"
-    return spec, "default (the file does not say): letterbox, RGB, /255; check it against how it was trained"
+        return spec, f"{meta.exporter} convention: letterbox, RGB, /255, pad 114{quantised}"
+    return (
+        spec,
+        f"default (the file does not say): letterbox, RGB, /255; check it against how it was trained{quantised}",
+    )
 
 
 # -- the import ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Source:
+    """What one model file gave: the variants to write, its metadata and how its heads scale boxes."""
+
+    variants: dict[str, str]  # engine key -> file name in the bundle
+    write: dict[str, Any]  # file name -> callable(path) that writes it
+    cpu_key: str  # the variant the decoder is built on (its tensors)
+    meta: UltralyticsMetadata | None
+    origin: str
+    coords: BoxCoords
+    labels: list[str] | None = None  # labels the file carries outside Ultralytics metadata
+    labels_source: str = ""
 
 
 def import_model(
@@ -373,17 +445,134 @@ def import_model(
     input_size: str | None = None,
     name: str | None = None,
     version: int | None = None,
+    cpu_model: str | Path | None = None,
 ) -> ImportResult:
-    """Write a bundle for ``model_file`` into ``out_dir`` and say what was inferred from where."""
+    """Write a bundle for ``model_file`` into ``out_dir`` and say what was inferred from where.
+
+    ``cpu_model`` is the CPU .tflite beside an Edge TPU-compiled ``model_file``
+    (the node's fallback when the TPU is gone).
+    """
     path = Path(model_file)
     out = Path(out_dir)
     if not path.is_file():
         raise ModelError(f"{path}: not found")
-    if path.suffix.lower() != ".onnx":
-        raise ModelError(f"{path}: model import reads .onnx files so far (TFLite import is still to come)")
+    suffix = path.suffix.lower()
+    if suffix not in (".onnx", ".tflite"):
+        raise ModelError(f"{path}: model import reads .onnx and .tflite files")
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise ModelError(f"--out {out}: exists and is not a bundle; give an empty or new directory")
+    if cpu_model is not None and suffix != ".tflite":
+        raise ModelError(f"--cpu-model is for an Edge TPU-compiled .tflite; {path} is {suffix}")
     settings: list[Setting] = []
+    if suffix == ".onnx":
+        source = _read_onnx(path, input_size, settings)
+    else:
+        if input_size:
+            raise ModelError(f"--input: {path} is a TFLite file, whose input size is fixed; leave --input out")
+        source = _read_tflite(path, None if cpu_model is None else Path(cpu_model), settings)
+    meta, origin = source.meta, source.origin
+
+    if labels_file is not None:
+        labels = read_labels(Path(labels_file))
+        labels_source = f"--labels {labels_file}"
+    elif meta is not None and meta.names:
+        labels, labels_source = meta.names, f"names in the {origin}"
+    elif source.labels:
+        labels, labels_source = source.labels, source.labels_source
+    else:
+        labels, labels_source = [], "none in the file; pass --labels FILE"
+
+    bundle_name = name or re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem) or "model"
+    tmp = out.with_name(f".{out.name}.import")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for file_name, write in source.write.items():
+            write(tmp / file_name)
+        from edgerun.engines.base import engine_class
+
+        engine = engine_class(source.cpu_key)(tmp / source.variants[source.cpu_key], EngineOptions(device="cpu"))
+        try:
+            input_spec, output_specs = engine.input_spec, engine.output_specs
+        finally:
+            engine.close()
+        # The class count: the file's own names where it has them (so --labels one short is caught), else the labels.
+        if suffix == ".tflite":
+            source.coords = _tflite_coords(meta, input_spec.layout)
+        if suffix == ".tflite" and len(input_spec.shape) == 4:
+            in_h, in_w = input_spec.image_hw
+            dims = ", ".join(str(d) for d in input_spec.shape)
+            settings.insert(
+                0, Setting("input", f"{in_w}x{in_h}", f"input {input_spec.name!r} [{dims}], fixed in the file")
+            )
+        num_names = len(meta.names) if meta is not None and meta.names else (len(labels) or None)
+        if decoder:
+            params = ultralytics_yolo_params(meta, source.coords.raw) if decoder in ("yolov5", "yolov8") else {}
+            if decoder == "yolo_end2end":
+                params = _end2end(output_specs[0], meta, num_names, path, source.coords, "--decoder").params
+            choice = DecoderChoice(decoder, params, "--decoder")
+        else:
+            hw = input_spec.image_hw if len(input_spec.shape) == 4 else None
+            choice = choose_decoder(output_specs, meta, num_names, path, source.coords, hw)
+        # Build the decoder on the real tensors: a bundle written here is one the node accepts.
+        built = decoder_class(choice.kind)(dict(choice.params), input_spec, output_specs)
+        built.check_labels(labels)
+        settings.append(Setting("decoder.kind", choice.kind, choice.source))
+        for key, value in choice.params.items():
+            if choice.source == "--decoder":
+                where = "--decoder with Ultralytics' predictor defaults"
+            elif key == "num_classes":
+                where = "the count of the labels, which pins the head's layout"
+            elif key == "normalized":
+                where = source.coords.source
+            elif meta is not None and meta.exporter == "YOLOv5":
+                where = "YOLOv5's detect.py defaults"
+            else:
+                where = "Ultralytics' predictor defaults (ultralytics/cfg/default.yaml)"
+            settings.append(Setting(f"decoder.params.{key}", value, where))
+        task = "classification" if choice.kind == "classify" else "detection"
+        settings.append(Setting("task", task, f"decoder {choice.kind}"))
+        settings.append(Setting("labels", labels, labels_source))
+        preprocess, pre_source = _preprocess(input_spec, meta)
+        settings.append(Setting("preprocess", _describe_preprocess(preprocess), pre_source))
+        for key, file_name in source.variants.items():
+            role = "the CPU fallback" if key == source.cpu_key else "the accelerator variant"
+            settings.append(Setting(f"variants.{key}", file_name, f"{role}: {ENGINE_NAMES.get(key, key)}"))
+        provenance = {"file": path.name, "sha256": file_sha256(path)}
+        if meta is not None:
+            provenance["exporter"] = origin
+            if meta.license:
+                provenance["license"] = meta.license
+        manifest: dict[str, Any] = {
+            "name": bundle_name,
+            "version": 1 if version is None else version,
+            "task": task,
+            "labels": labels,
+            "description": (meta.description.strip() if meta else "") or f"imported from {path.name}",
+            "preprocess": preprocess,
+            "decoder": {"kind": choice.kind, "params": choice.params},
+            "variants": source.variants,
+            "provenance": provenance,
+        }
+        write_manifest(tmp, manifest)
+        load_bundle(tmp)  # the same checks as the node's
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ImportResult(load_bundle(out), settings)
+
+
+ENGINE_NAMES = {
+    "onnx": "ONNX Runtime's CPU provider",
+    "tflite": "LiteRT on the CPU",
+    "edgetpu": "LiteRT with the Edge TPU delegate",
+}
+
+
+def _read_onnx(path: Path, input_size: str | None, settings: list[Setting]) -> _Source:
     onnx = _onnx()
     try:
         model = onnx.load(str(path))
@@ -391,7 +580,7 @@ def import_model(
         raise ModelError(f"{path}: not an ONNX model ({type(err).__name__}: {str(err)[:80]})") from None
     props = {p.key: p.value for p in model.metadata_props}
     meta = parse_ultralytics_metadata(props)
-    origin = " ".join(filter(None, ["Ultralytics", meta.version, "metadata"])) if meta else ""
+    origin = " ".join(filter(None, [meta.exporter, meta.version, "metadata"])) if meta else ""
 
     graph_input = _graph_inputs(model, path)[0]
     in_dims = _dims(graph_input)
@@ -413,77 +602,88 @@ def import_model(
     settings.append(Setting("input", f"{input_hw[1]}x{input_hw[0]}", size_source))
     for change in changed:
         settings.append(Setting("fixed", change, "onnx.tools.update_model_dims, checked by onnx.checker"))
+    coords = BoxCoords(raw=False, end2end=False, source="ONNX exports of YOLO heads give input pixels")
+    return _Source(
+        variants={"onnx": ONNX_VARIANT},
+        write={ONNX_VARIANT: lambda target: onnx.save(model, str(target))},
+        cpu_key="onnx",
+        meta=meta,
+        origin=origin,
+        coords=coords,
+    )
 
-    if labels_file is not None:
-        labels = read_labels(Path(labels_file))
-        labels_source = f"--labels {labels_file}"
-    elif meta is not None and meta.names:
-        labels, labels_source = meta.names, f"names in the {origin}"
+
+def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) -> _Source:
+    from edgerun.models import tflite_meta
+
+    info = tflite_meta.read(path)
+    if info.edgetpu:
+        if cpu_model is None:
+            raise ModelError(
+                f"{path}: compiled for the Edge TPU (it holds {tflite_meta.EDGETPU_OP}), which cannot run without "
+                "one: give the CPU .tflite it was compiled from with --cpu-model FILE (the node's fallback)"
+            )
+        cpu_info = tflite_meta.read(cpu_model)
+        if cpu_info.edgetpu:
+            raise ModelError(f"--cpu-model {cpu_model}: is Edge TPU-compiled too; give the CPU .tflite")
+        variants = {"tflite": TFLITE_VARIANT, "edgetpu": EDGETPU_VARIANT}
+        write = {TFLITE_VARIANT: _copier(cpu_model), EDGETPU_VARIANT: _copier(path)}
+        settings.append(Setting("edgetpu", path.name, f"{tflite_meta.EDGETPU_OP} in the file"))
+        # The compiled file's metadata is the exporter's; the CPU file's stands in when the compiler dropped it.
+        props = info.ultralytics or cpu_info.ultralytics
+        file_labels = info.labels or cpu_info.labels
+        labels_where = info.labels_source if info.labels else cpu_info.labels_source
     else:
-        labels, labels_source = [], "none in the file; pass --labels FILE"
+        if cpu_model is not None:
+            raise ModelError(
+                f"--cpu-model: {path} is not Edge TPU-compiled (no {tflite_meta.EDGETPU_OP}); leave it out"
+            )
+        variants = {"tflite": TFLITE_VARIANT}
+        write = {TFLITE_VARIANT: _copier(path)}
+        props, file_labels, labels_where = info.ultralytics, info.labels, info.labels_source
+    meta = parse_ultralytics_metadata(props) if props else None
+    origin = " ".join(filter(None, ["Ultralytics", meta.version, "metadata.json"])) if meta else ""
+    coords = _tflite_coords(meta, "")  # settled once the engine has read the input's layout
+    return _Source(
+        variants=variants,
+        write=write,
+        cpu_key="tflite",
+        meta=meta,
+        origin=origin,
+        coords=coords,
+        labels=file_labels,
+        labels_source=labels_where,
+    )
 
-    bundle_name = name or re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem) or "model"
-    tmp = out.with_name(f".{out.name}.import")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        onnx.save(model, str(tmp / ONNX_VARIANT))
-        from edgerun.engines.onnx import OnnxEngine
 
-        engine = OnnxEngine(tmp / ONNX_VARIANT, EngineOptions(device="cpu"))
-        try:
-            input_spec, output_specs = engine.input_spec, engine.output_specs
-        finally:
-            engine.close()
-        num_names = len(meta.names) if meta is not None and meta.names else None
-        if decoder:
-            params = ultralytics_yolo_params(meta) if decoder in ("yolov5", "yolov8") else {}
-            choice = DecoderChoice(decoder, params, "--decoder")
-        else:
-            choice = choose_decoder(output_specs, meta, num_names, path)
-        # Build the decoder on the real tensors: a bundle written here is one the node accepts.
-        built = decoder_class(choice.kind)(dict(choice.params), input_spec, output_specs)
-        built.check_labels(labels)
-        settings.append(Setting("decoder.kind", choice.kind, choice.source))
-        for key, value in choice.params.items():
-            if choice.source == "--decoder":
-                where = "--decoder with Ultralytics' predictor defaults"
-            elif key == "num_classes":
-                where = "the count of names, which pins the head's layout"
-            else:
-                where = "Ultralytics' predictor defaults (ultralytics/cfg/default.yaml)"
-            settings.append(Setting(f"decoder.params.{key}", value, where))
-        task = "classification" if choice.kind == "classify" else "detection"
-        settings.append(Setting("task", task, f"decoder {choice.kind}"))
-        settings.append(Setting("labels", labels, labels_source))
-        preprocess, pre_source = _preprocess(input_spec, meta)
-        settings.append(Setting("preprocess", _describe_preprocess(preprocess), pre_source))
-        settings.append(Setting("variants.onnx", ONNX_VARIANT, "the CPU fallback: ONNX Runtime's CPU provider"))
-        provenance = {"file": path.name, "sha256": file_sha256(path)}
-        if meta is not None:
-            provenance["exporter"] = origin
-            if meta.license:
-                provenance["license"] = meta.license
-        manifest: dict[str, Any] = {
-            "name": bundle_name,
-            "version": 1 if version is None else version,
-            "task": task,
-            "labels": labels,
-            "description": (meta.description.strip() if meta else "") or f"imported from {path.name}",
-            "preprocess": preprocess,
-            "decoder": {"kind": choice.kind, "params": choice.params},
-            "variants": {"onnx": ONNX_VARIANT},
-            "provenance": provenance,
-        }
-        write_manifest(tmp, manifest)
-        load_bundle(tmp)  # the same checks as the node's
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return ImportResult(load_bundle(out), settings)
+TFLITE_VARIANT = "model.tflite"
+EDGETPU_VARIANT = "model_edgetpu.tflite"
+
+
+def _tflite_coords(meta: UltralyticsMetadata | None, layout: str) -> BoxCoords:
+    """How an Ultralytics TFLite export scales boxes, from the converter that wrote it.
+
+    litert_torch (Ultralytics >= 8.4.83, ``format=litert``) keeps PyTorch's NCHW
+    input; onnx2tf (older releases, and ``saved_model``/``edgetpu`` still) writes
+    NHWC. Raw heads are normalised to the input by both (``_NormalizeCoords``,
+    ``tf_wrapper``); litert_torch leaves end-to-end heads in input pixels
+    (``ultralytics/utils/export/litert.py``). For onnx2tf's end-to-end heads the
+    importer does not claim a scale and leaves ``normalized`` at "auto".
+    """
+    if meta is None:
+        return BoxCoords(raw=True, end2end="auto", source="TFLite heads without metadata: decided by magnitude")
+    litert = layout == "NCHW"
+    path = "litert_torch: NCHW input" if litert else "onnx2tf: NHWC input"
+    return BoxCoords(
+        raw=True,
+        end2end=False if litert else "auto",
+        source=f"Ultralytics {meta.version or '?'} TFLite ({path}): raw heads normalised, end-to-end "
+        + ("in input pixels" if litert else "decided by magnitude"),
+    )
+
+
+def _copier(source: Path) -> Any:
+    return lambda target: shutil.copyfile(source, target)
 
 
 def _describe_preprocess(spec: dict[str, Any]) -> str:

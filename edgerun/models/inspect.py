@@ -9,6 +9,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from edgerun.decoders.base import output_fault
 from edgerun.engines.base import EngineOptions, TensorSpec, engine_class
 from edgerun.engines.factory import build_runtime
 from edgerun.errors import ModelError
@@ -63,6 +64,10 @@ def inspect_bundle(
     if frame is not None:
         runtime.preprocessor(frame, tensor)
         det = runtime.decoder.decode(engine.infer(tensor, outputs))
+        fault = output_fault(det, len(bundle.labels) or runtime.decoder.label_count or 0)
+        if fault is not None:
+            engine.close()
+            raise ModelError(f"{bundle.name}: the model's output on the photo is no valid detection ({fault})")
         boxes = runtime.preprocessor.letterbox.boxes_to_source(det.boxes.copy())
         labels = bundle.labels
         for box, score, cls in zip(boxes, det.scores, det.class_ids):

@@ -35,6 +35,7 @@ import cv2
 import numpy as np
 
 from edgerun.backoff import backoff_delay
+from edgerun.decoders.base import output_fault
 from edgerun.engines.runtime import FrameLost, ModelRuntime, ProblemReporter
 from edgerun.errors import SourceError
 from edgerun.pipeline.admission import EngineSlots
@@ -591,6 +592,10 @@ class Pipeline:
         runtime = slot.runtime
         decoder, model, letterbox = runtime.decoders[worker], runtime.model, runtime.preprocessor.letterbox
         detections = decoder.decode(slot.outputs)
+        fault = output_fault(detections, len(model.labels) or decoder.label_count or 0)
+        if fault is not None:
+            self._bad_output(slot, fault)
+            return
         letterbox.boxes_to_source(detections.boxes)
         if detections.keypoints is not None:
             letterbox.to_source(detections.keypoints)
@@ -620,6 +625,16 @@ class Pipeline:
         ticket = slot.ticket
         self.pool.release(slot)
         self._in_order.finish(ticket, batch)
+
+    def _bad_output(self, slot: FrameSlot, fault: str) -> None:
+        """A frame whose decoded output is no valid payload: dropped, counted, logged 1st and every 1000th."""
+        self.stats.drop("decode", "bad_output")
+        count = self.stats.dropped[("decode", "bad_output")]
+        if count == 1 or count % 1000 == 0:
+            log.error("model output not publishable (%d frame(s) so far): %s", count, fault)
+        ticket = slot.ticket
+        self.pool.release(slot)
+        self._in_order.finish(ticket, None)
 
     # Stage loops. Each waits for room downstream before taking its next input.
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 import tomli_w
 
 from edgerun.models.importer import import_model
@@ -96,3 +97,86 @@ def test_labels_that_do_not_match_the_head_stop_the_node_before_it_publishes(yol
     )
     assert "Traceback" not in proc.stderr
     assert batches == []
+
+
+def scaled_end_to_end_onnx(path: Path, factor: float) -> Path:
+    """A real ONNX model (input [1, 3, 32, 32]) whose [1, 300, 6] rows are its input pixels times ``factor``.
+
+    With factor 10 its scores reach 10 and its class column 10: what a head
+    without its sigmoid, or one exported for more classes, hands the node.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    inits = [
+        helper.make_tensor("factor", TensorProto.FLOAT, [], [factor]),
+        helper.make_tensor("start", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("end", TensorProto.INT64, [1], [1800]),
+        helper.make_tensor("axis", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("shape", TensorProto.INT64, [3], [1, 300, 6]),
+    ]
+    nodes = [
+        helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+        helper.make_node("Mul", ["flat", "factor"], ["scaled"]),
+        helper.make_node("Slice", ["scaled", "start", "end", "axis"], ["rows"]),
+        helper.make_node("Reshape", ["rows", "shape"], ["output0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scaled_end_to_end",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 300, 6])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_model_whose_output_is_no_valid_payload_is_counted_per_frame_and_never_published(tmp_path):
+    labels = tmp_path / "labels.txt"
+    labels.write_text("drone\nperson\n")
+    model = scaled_end_to_end_onnx(tmp_path / "scaled.onnx", 10.0)
+    bundle = import_model(model, tmp_path / "bundle", labels_file=labels).bundle
+    assert bundle.manifest.decoder.kind == "yolo_end2end"
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("astronaut", "coffee"):
+        cv2.imwrite(str(images / f"{name}.png"), cv2.cvtColor(photo_rgb(name), cv2.COLOR_RGB2BGR))
+    proc, batches = run_node(tmp_path, bundle.root, images)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert batches == []  # neither frame became a payload
+    assert proc.stderr.count("model output not publishable") == 1, proc.stderr[-2000:]  # logged once, counted twice
+    assert "outside [0, 1]" in proc.stderr
+    assert '"decode/bad_output": 2' in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("file", ["yolo26t_float32.tflite", "yolov8t_int8.tflite", "yolov5t.onnx"])
+def test_the_node_publishes_what_the_reference_finds_on_the_exporters_own_files(file, tmp_path):
+    """Ultralytics' LiteRT files (NCHW input; an end-to-end head, an int8 raw head) and YOLOv5's own ONNX
+    head, imported with no flags and served by a real node, against tests/unit/test_model_exports.py's
+    independent reference on the same photo."""
+    from tests.unit.test_model_exports import EXPORTS, EXPORTS_DIR, small_photo
+    from tests.unit.test_model_exports import iou as box_iou
+    from tests.unit.test_model_exports import reference_detect as reference_export
+
+    export = next(e for e in EXPORTS if e.file == file)
+    bundle = import_model(EXPORTS_DIR / file, tmp_path / "bundle").bundle
+    images = tmp_path / "images"
+    images.mkdir()
+    rgb = small_photo("coffee")
+    cv2.imwrite(str(images / "coffee.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    proc, batches = run_node(tmp_path, bundle.root, images)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(batches) == 1 and batches[0]["model"]["engine"] == bundle.cpu_engine
+    published = batches[0]["detections"]
+    boxes, scores, classes = reference_export(export, rgb)
+    assert len(published) == len(boxes) >= 1
+    for box, score, cls in zip(boxes, scores, classes):
+        same = [d for d in published if d["class_id"] == cls]
+        best = max(same, key=lambda d: (round(box_iou(box, np.array(d["box"])), 2), -abs(d["score"] - score)))
+        assert best["label"] == bundle.labels[cls]
+        assert box_iou(box, np.array(best["box"])) >= 0.95, (file, box, best)  # the payload rounds to 0.1 px
+        assert abs(best["score"] - float(score)) <= 1e-3

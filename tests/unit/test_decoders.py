@@ -694,3 +694,23 @@ def test_label_count_is_checked_against_the_heads_classes():
     ssd_outputs = [spec("boxes", (1, 10, 4)), spec("classes", (1, 10)), spec("scores", (1, 10)), spec("n", (1,))]
     ssd = TFLiteSSDDecoder({}, image_spec(300, 300), ssd_outputs)
     ssd.check_labels(["x"] * 3)  # the post-process op decides the ids: nothing to count against
+
+
+def test_output_fault_names_scores_and_class_ids_no_payload_may_carry():
+    from edgerun.decoders.base import output_fault
+
+    def det(scores: list[float], ids: list[int]) -> Detections:
+        n = len(scores)
+        boxes = np.tile(np.array([[0.1, 0.1, 0.5, 0.5]], np.float32), (n, 1))
+        return Detections(boxes=boxes, scores=np.array(scores, np.float32), class_ids=np.array(ids, np.int32))
+
+    assert output_fault(Detections.empty(), 3) is None
+    assert output_fault(det([0.3, 1.0], [0, 2]), 3) is None
+    assert output_fault(det([0.3, 19544.05], [0, 1]), 3) == "score 1.954e+04 outside [0, 1]"
+    assert output_fault(det([-0.5, 0.9], [0, 1]), 3) == "score -0.5 outside [0, 1]"
+    assert output_fault(det([float("nan"), 0.9], [0, 1]), 3) == "score nan outside [0, 1]"
+    assert output_fault(det([0.5, 0.6], [0, 2031]), 3) == "class id 2031 outside the 3 labels"
+    assert output_fault(det([0.5], [-1]), 3) == "class id -1 outside the 3 labels"
+    # A quantised 1.0 dequantises a hair above 1: clipped in place, not refused.
+    edge = det([1.0004, 0.5], [0, 1])
+    assert output_fault(edge, 3) is None and float(edge.scores.max()) == 1.0

@@ -392,11 +392,12 @@ def tiny_onnx(path: Path, out_shapes: list[tuple[int, ...]], metadata: dict[str,
 def test_undecodable_heads_are_refused_naming_the_tensor(tmp_path, capsys):
     end_to_end = tiny_onnx(tmp_path / "e2e.onnx", [(1, 300, 6)])
     err = one_line_exit_2(["model", "import", str(end_to_end), "--out", str(tmp_path / "a")], capsys)
-    assert "output 'output0' [1, 300, 6] looks like an end-to-end head" in err
+    assert "output 'output0' [1, 300, 6] is an end-to-end head whose class count is not in the tensor" in err
+    assert "pass --labels FILE" in err
     meta = {"author": "Ultralytics", "names": "{0: 'a', 1: 'b'}", "imgsz": "[32, 32]", "end2end": "True"}
-    flagged = tiny_onnx(tmp_path / "flagged.onnx", [(1, 300, 6)], meta)
+    flagged = tiny_onnx(tmp_path / "flagged.onnx", [(1, 38, 21)], meta)
     err = one_line_exit_2(["model", "import", str(flagged), "--out", str(tmp_path / "b")], capsys)
-    assert "output 'output0' [1, 300, 6] is an end-to-end head (end2end in the file's metadata" in err
+    assert "output 'output0' [1, 38, 21] is not the [1, K, 6] rows of an end-to-end head (end2end in the file's" in err
     seg = tiny_onnx(tmp_path / "seg.onnx", [(1, 38, 21), (1, 32, 8, 8)])
     err = one_line_exit_2(["model", "import", str(seg), "--out", str(tmp_path / "c")], capsys)
     assert "cannot tell a decoder from 2 outputs 'output0' [1, 38, 21], 'output1' [1, 32, 8, 8]" in err
@@ -406,6 +407,18 @@ def test_undecodable_heads_are_refused_naming_the_tensor(tmp_path, capsys):
     assert "task 'segment'" in err and "edgerun decodes detect and classify models so far" in err
     for d in "abcd":
         assert not (tmp_path / d).exists()
+
+
+def test_an_end_to_end_head_imports_with_the_labels_as_its_class_count(tmp_path):
+    meta = {"author": "Ultralytics", "names": "{0: 'a', 1: 'b'}", "imgsz": "[32, 32]", "end2end": "True"}
+    result = import_model(tiny_onnx(tmp_path / "e2e.onnx", [(1, 300, 6)], meta), tmp_path / "b")
+    assert result.bundle.manifest.decoder.kind == "yolo_end2end"
+    assert result.bundle.manifest.decoder.params["num_classes"] == 2
+    labels = tmp_path / "labels.txt"
+    labels.write_text("x\ny\nz\n")
+    bare = import_model(tiny_onnx(tmp_path / "bare.onnx", [(1, 300, 6)]), tmp_path / "c", labels_file=labels)
+    assert bare.bundle.manifest.decoder.kind == "yolo_end2end"
+    assert bare.bundle.manifest.decoder.params == {"num_classes": 3}
 
 
 def test_a_tiny_yolov8_head_imports_and_decodes(tmp_path):

@@ -1,0 +1,117 @@
+"""What a ``.tflite`` file says about itself, beyond its tensors.
+
+A TFLite flatbuffer tolerates a zip archive appended to it, and exporters use
+that to ship files inside the model:
+
+* Ultralytics appends ``metadata.json`` (its export metadata: ``names``,
+  ``imgsz``, ``stride``, ``task``, ``end2end``, ``version``; written by
+  ``_add_tflite_metadata`` and ``utils/export/litert.py``); its releases before
+  that used the TFLite Support metadata writer with one associated file holding
+  ``str(metadata)``, a Python literal;
+* TFLite Model Metadata (the TFLite Support writer) packs its associated files
+  the same way, the label map among them (one label a line).
+
+An Edge TPU-compiled file holds its compiled subgraph as a custom operator
+named ``edgetpu-custom-op``, which no CPU kernel runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgerun.errors import ModelError
+
+EDGETPU_OP = "edgetpu-custom-op"
+TFLITE_IDENTIFIER = b"TFL3"  # the flatbuffer's file identifier, at byte 4
+# Associated files larger than this are not labels or metadata (some exporters pack vocabularies).
+MAX_MEMBER_BYTES = 1 << 20
+
+
+@dataclass
+class TFLiteInfo:
+    edgetpu: bool = False
+    ultralytics: dict[str, Any] | None = None  # Ultralytics' export metadata, as written
+    labels: list[str] | None = None  # a label map packed with TFLite Model Metadata
+    labels_source: str = ""
+    members: list[str] = field(default_factory=list)
+
+
+def read(path: Path) -> TFLiteInfo:
+    """The Edge TPU flag, Ultralytics metadata and a packed label map of ``path``; ModelError if not TFLite."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ModelError(f"{path}: cannot read ({err.strerror or err})") from None
+    if data[4:8] != TFLITE_IDENTIFIER:
+        raise ModelError(f"{path}: not a TFLite flatbuffer (no {TFLITE_IDENTIFIER.decode()} identifier)")
+    info = TFLiteInfo(edgetpu=has_custom_op(data, EDGETPU_OP))
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        return info  # nothing appended: a plain TFLite file
+    with archive:
+        for entry in archive.infolist():
+            info.members.append(entry.filename)
+            if entry.file_size > MAX_MEMBER_BYTES:
+                continue
+            try:
+                text = archive.read(entry).decode("utf-8")
+            except (zipfile.BadZipFile, UnicodeDecodeError, OSError, RuntimeError, ValueError):
+                continue  # an unreadable member is no metadata; the model itself may still be fine
+            parsed = _ultralytics(entry.filename, text)
+            if parsed is not None and info.ultralytics is None:
+                info.ultralytics = parsed
+            elif parsed is None and info.labels is None and entry.filename.lower().endswith(".txt"):
+                labels = [line.strip() for line in text.splitlines()]
+                while labels and not labels[-1]:
+                    labels.pop()
+                if labels and "" not in labels:
+                    info.labels = labels
+                    info.labels_source = f"{entry.filename} packed in the file (TFLite Model Metadata)"
+    return info
+
+
+def _ultralytics(name: str, text: str) -> dict[str, Any] | None:
+    """Ultralytics metadata in a packed file: JSON (``metadata.json``) or an older ``str(dict)`` literal."""
+    value: Any = None
+    if name.endswith(".json"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+    elif text.lstrip().startswith("{"):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if isinstance(value, dict) and (value.get("author") == "Ultralytics" or {"names", "imgsz"} <= value.keys()):
+        return value
+    return None
+
+
+def has_custom_op(data: bytes, op_name: str) -> bool:
+    """Whether the model's operator codes name the custom operator ``op_name``.
+
+    Read from the flatbuffer's operator codes with the tflite schema package
+    where it is installed; otherwise a search for the name's bytes (the name is
+    stored as a plain string in the flatbuffer).
+    """
+    try:
+        import tflite
+    except ImportError:
+        return op_name.encode() in data
+    try:
+        model = tflite.Model.GetRootAsModel(data, 0)
+        for i in range(model.OperatorCodesLength()):
+            code = model.OperatorCodes(i).CustomCode()
+            if code is not None and code.decode("utf-8", "replace") == op_name:
+                return True
+    except Exception:  # a corrupt flatbuffer raises whatever the generated reader hits
+        return op_name.encode() in data
+    return False
