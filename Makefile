@@ -6,7 +6,9 @@ BIN    := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
 # Real model files exported by others, imported by the tests of `edgerun model import` (#22).
-SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx
+SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx \
+	.cache/samples/blazeface_short_mediapipe/face_detection_short_range.tflite \
+	.cache/samples/palm_detection_lite/palm_detection_lite.tflite
 SECONDS ?= 8
 
 .PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz verify-unit

@@ -66,6 +66,22 @@ def yolov8n_onnx():
 
 
 @pytest.fixture(scope="session")
+def blazeface_mediapipe_tflite():
+    """MediaPipe's own BlazeFace short range file, with its TFLite Model Metadata (pinned mediapipe wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("blazeface_short_mediapipe")
+
+
+@pytest.fixture(scope="session")
+def palm_tflite():
+    """MediaPipe's palm detector (lite), an anchor head of a layout edgerun does not know by heart."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("palm_detection_lite")
+
+
+@pytest.fixture(scope="session")
 def pose_bundle():
     from edgerun.models.demo import ensure_demo_bundle
 

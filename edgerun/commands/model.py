@@ -34,6 +34,7 @@ def cmd_model_import(args: argparse.Namespace) -> int:
         name=args.name,
         version=args.version,
         cpu_model=args.cpu_model,
+        decoder_params=args.decoder_params,
     )
     print(result.format())
     return 0
@@ -97,13 +98,21 @@ def add_model_parser(sub: Any) -> None:
     imp.add_argument("--out", required=True, help="the bundle directory to write")
     imp.add_argument("--labels", default=None, help="class names, one a line (default: from the file's metadata)")
     imp.add_argument(
-        "--decoder", default=None, help="yolov5, yolov8, yolo_end2end, tflite_ssd, classify (default: from the outputs)"
+        "--decoder",
+        default=None,
+        help="yolov5, yolov8, yolo_end2end, tflite_ssd, mediapipe_ssd, classify (default: from the outputs)",
     )
     imp.add_argument(
         "--cpu-model",
         default=None,
         metavar="FILE",
         help="the CPU .tflite an Edge TPU-compiled model was compiled from (its fallback)",
+    )
+    imp.add_argument(
+        "--decoder-params",
+        default=None,
+        metavar="FILE",
+        help="TOML table of decoder params over the inferred ones (a MediaPipe detector's anchor options)",
     )
     imp.add_argument("--input", default=None, metavar="WxH", help="input size for dynamic dims (default: imgsz)")
     imp.add_argument("--name", default=None, help="bundle name (default: the file's stem)")
@@ -119,7 +128,9 @@ def add_model_parser(sub: Any) -> None:
     fetch.add_argument("names", nargs="*", help="blazeface_short, pose_detector (default: both)")
     fetch.set_defaults(func=cmd_model_fetch_demo)
     sample = msub.add_parser("fetch-sample", help="download real model files others exported (for model import)")
-    sample.add_argument("names", nargs="*", help="yolov8n_doclaynet (default: all)")
+    sample.add_argument(
+        "names", nargs="*", help="yolov8n_doclaynet, blazeface_short_mediapipe, palm_detection_lite (default: all)"
+    )
     sample.set_defaults(func=cmd_model_fetch_sample)
     build = msub.add_parser("build-trt", help="build a TensorRT engine from an ONNX model or a bundle (on the GPU)")
     build.add_argument("source", help="a .onnx file, or a bundle directory (gets model.engine as its tensorrt variant)")

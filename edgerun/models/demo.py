@@ -56,6 +56,7 @@ DEFAULT_DEMO_MODEL = "blazeface_short"
 
 def _manifest(model: DemoModel) -> dict[str, Any]:
     from edgerun.decoders import mediapipe_ssd
+    from edgerun.models import mediapipe
 
     params = dict(getattr(mediapipe_ssd, model.decoder_params))
     return {
@@ -64,14 +65,7 @@ def _manifest(model: DemoModel) -> dict[str, Any]:
         "task": "detection",
         "labels": list(model.labels),
         "description": model.description,
-        # MediaPipe feeds these models letterboxed RGB scaled to [-1, 1].
-        "preprocess": {
-            "resize": "letterbox",
-            "color": "rgb",
-            "mean": [127.5, 127.5, 127.5],
-            "std": [127.5, 127.5, 127.5],
-            "pad_value": 0,
-        },
+        "preprocess": dict(mediapipe.PREPROCESS),
         "decoder": {"kind": "mediapipe_ssd", "params": params},
         "variants": {"tflite": "model.tflite"},
         "provenance": {"wheel": model.wheel_requirement, "member": model.member, "sha256": model.model_sha256},

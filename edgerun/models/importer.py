@@ -5,7 +5,8 @@ The file already says what it is: Ultralytics writes ``names``, ``imgsz``,
 ``stride``, ``task`` and ``end2end`` into the ONNX ``metadata_props`` (values
 are Python literals, read here with ``ast.literal_eval``), and the output
 shapes tell the head apart (YOLOv5 ``[1, N, 5 + C]``, YOLOv8/11
-``[1, 4 + C, N]``, SSD post-process, classification). The importer reads all
+``[1, 4 + C, N]``, SSD post-process, MediaPipe's raw anchor heads,
+classification). The importer reads all
 of that, fixes dynamic input dimensions to the stated size with onnx's own
 tools, builds the decoder on the real tensors (so a bundle it writes is one
 the node accepts), and reports each setting with where it came from.
@@ -31,6 +32,7 @@ from edgerun.decoders.yolo import grid_sizes_v8
 from edgerun.decoders.yolo_end2end import ROW_VALUES as END_TO_END_VALUES
 from edgerun.engines.base import EngineOptions, TensorSpec
 from edgerun.errors import ModelError
+from edgerun.models import mediapipe
 from edgerun.models.bundle import MANIFEST, ModelBundle, file_sha256, load_bundle, write_manifest
 
 # Ultralytics trains and predicts on letterboxed RGB scaled to [0, 1], padded with grey 114
@@ -434,6 +436,7 @@ class _Source:
     coords: BoxCoords
     labels: list[str] | None = None  # labels the file carries outside Ultralytics metadata
     labels_source: str = ""
+    model_name: str | None = None  # the name in its TFLite Model Metadata
 
 
 def import_model(
@@ -446,11 +449,14 @@ def import_model(
     name: str | None = None,
     version: int | None = None,
     cpu_model: str | Path | None = None,
+    decoder_params: str | Path | None = None,
 ) -> ImportResult:
     """Write a bundle for ``model_file`` into ``out_dir`` and say what was inferred from where.
 
     ``cpu_model`` is the CPU .tflite beside an Edge TPU-compiled ``model_file``
-    (the node's fallback when the TPU is gone).
+    (the node's fallback when the TPU is gone). ``decoder_params`` is a TOML file
+    of decoder params laid over the inferred ones (what a MediaPipe detector of
+    an unknown layout needs: the anchor options of its graph).
     """
     path = Path(model_file)
     out = Path(out_dir)
@@ -464,6 +470,7 @@ def import_model(
     if cpu_model is not None and suffix != ".tflite":
         raise ModelError(f"--cpu-model is for an Edge TPU-compiled .tflite; {path} is {suffix}")
     settings: list[Setting] = []
+    extra_params = _read_decoder_params(Path(decoder_params)) if decoder_params is not None else None
     if suffix == ".onnx":
         source = _read_onnx(path, input_size, settings)
     else:
@@ -506,7 +513,15 @@ def import_model(
                 0, Setting("input", f"{in_w}x{in_h}", f"input {input_spec.name!r} [{dims}], fixed in the file")
             )
         num_names = len(meta.names) if meta is not None and meta.names else (len(labels) or None)
-        if decoder:
+        head = mediapipe.anchor_head(output_specs) if meta is None else None
+        mediapipe_known: mediapipe.KnownDetector | None = None
+        if decoder == "mediapipe_ssd" or (decoder is None and head is not None):
+            choice, mediapipe_known = _mediapipe_choice(
+                input_spec, output_specs, head, path, source.model_name, extra_params, decoder
+            )
+            if not labels and mediapipe_known is not None:
+                labels, labels_source = list(mediapipe_known.labels), f"the class of the {mediapipe_known.title}"
+        elif decoder:
             params = ultralytics_yolo_params(meta, source.coords.raw) if decoder in ("yolov5", "yolov8") else {}
             if decoder == "yolo_end2end":
                 params = _end2end(output_specs[0], meta, num_names, path, source.coords, "--decoder").params
@@ -514,12 +529,24 @@ def import_model(
         else:
             hw = input_spec.image_hw if len(input_spec.shape) == 4 else None
             choice = choose_decoder(output_specs, meta, num_names, path, source.coords, hw)
+        if extra_params and choice.kind != "mediapipe_ssd":
+            choice.params = {**choice.params, **extra_params}
         # Build the decoder on the real tensors: a bundle written here is one the node accepts.
         built = decoder_class(choice.kind)(dict(choice.params), input_spec, output_specs)
         built.check_labels(labels)
         settings.append(Setting("decoder.kind", choice.kind, choice.source))
+        if choice.kind == "mediapipe_ssd":
+            if extra_params is not None:
+                where = f"--decoder-params {decoder_params}"
+            else:
+                where = f"MediaPipe's {mediapipe_known.graph if mediapipe_known else 'graph'} options"
+            settings.append(Setting("decoder.params", _mediapipe_summary(choice.params), where))
         for key, value in choice.params.items():
-            if choice.source == "--decoder":
+            if choice.kind == "mediapipe_ssd":
+                break  # some 30 anchor options, summarised above; model.toml has them all
+            if extra_params and key in extra_params:
+                where = f"--decoder-params {decoder_params}"
+            elif choice.source == "--decoder":
                 where = "--decoder with Ultralytics' predictor defaults"
             elif key == "num_classes":
                 where = "the count of the labels, which pins the head's layout"
@@ -533,12 +560,18 @@ def import_model(
         task = "classification" if choice.kind == "classify" else "detection"
         settings.append(Setting("task", task, f"decoder {choice.kind}"))
         settings.append(Setting("labels", labels, labels_source))
-        preprocess, pre_source = _preprocess(input_spec, meta)
+        if choice.kind == "mediapipe_ssd" and np.issubdtype(input_spec.dtype, np.floating):
+            preprocess = dict(mediapipe.PREPROCESS)
+            pre_source = "MediaPipe's convention (ImageToTensorCalculator): letterbox, RGB, [-1, 1], pad 0"
+        else:
+            preprocess, pre_source = _preprocess(input_spec, meta)
         settings.append(Setting("preprocess", _describe_preprocess(preprocess), pre_source))
         for key, file_name in source.variants.items():
             role = "the CPU fallback" if key == source.cpu_key else "the accelerator variant"
             settings.append(Setting(f"variants.{key}", file_name, f"{role}: {ENGINE_NAMES.get(key, key)}"))
         provenance = {"file": path.name, "sha256": file_sha256(path)}
+        if mediapipe_known is not None:
+            provenance["recognised"] = mediapipe_known.title
         if meta is not None:
             provenance["exporter"] = origin
             if meta.license:
@@ -548,7 +581,9 @@ def import_model(
             "version": 1 if version is None else version,
             "task": task,
             "labels": labels,
-            "description": (meta.description.strip() if meta else "") or f"imported from {path.name}",
+            "description": (meta.description.strip() if meta else "")
+            or (f"{mediapipe_known.title}, imported from {path.name}" if mediapipe_known else "")
+            or f"imported from {path.name}",
             "preprocess": preprocess,
             "decoder": {"kind": choice.kind, "params": choice.params},
             "variants": source.variants,
@@ -653,6 +688,7 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
         coords=coords,
         labels=file_labels,
         labels_source=labels_where,
+        model_name=info.model_name,
     )
 
 
@@ -680,6 +716,58 @@ def _tflite_coords(meta: UltralyticsMetadata | None, layout: str) -> BoxCoords:
         source=f"Ultralytics {meta.version or '?'} TFLite ({path}): raw heads normalised, end-to-end "
         + ("in input pixels" if litert else "decided by magnitude"),
     )
+
+
+def _read_decoder_params(path: Path) -> dict[str, Any]:
+    """``--decoder-params FILE``: a TOML table of decoder params (MediaPipe option names for mediapipe_ssd)."""
+    from edgerun.tomlfile import load_toml
+
+    table = load_toml(path, ModelError, "--decoder-params file")
+    if not table:
+        raise ModelError(f"--decoder-params {path}: holds no params")
+    return table
+
+
+def _mediapipe_choice(
+    input_spec: TensorSpec,
+    outputs: list[TensorSpec],
+    head: mediapipe.AnchorHead | None,
+    path: Path,
+    model_name: str | None,
+    extra_params: dict[str, Any] | None,
+    decoder: str | None,
+) -> tuple[DecoderChoice, mediapipe.KnownDetector | None]:
+    """A MediaPipe anchor head: its known detector's params, or ``--decoder-params``; refused otherwise.
+
+    The anchors are not in the file, so a layout that is not a known detector's
+    cannot be guessed: the user gives the options of the model's MediaPipe graph.
+    """
+    shapes = " + ".join(describe_tensor(o) for o in outputs)
+    if head is None:
+        raise ModelError(
+            f"{path}: outputs {shapes} are no MediaPipe anchor head (regressors [1, N, 4 + 2K] and scores [1, N, 1])"
+        )
+    hw = input_spec.image_hw if len(input_spec.shape) == 4 else (0, 0)
+    known = mediapipe.known_detector(hw, head)
+    named = f"; its metadata calls it {model_name!r}" if model_name else ""
+    if extra_params is not None:
+        params = {**(known.params if known else {}), **extra_params}
+        return DecoderChoice("mediapipe_ssd", params, f"--decoder-params over outputs {shapes}{named}"), known
+    if known is None:
+        flag = "" if decoder else "--decoder mediapipe_ssd "
+        raise ModelError(
+            f"{path}: outputs {shapes} at input {hw[1]}x{hw[0]} are a MediaPipe-style anchor head of no known "
+            f"detector ({mediapipe.describe_known()}); the anchors are not in the file: pass {flag}"
+            "--decoder-params FILE with the SsdAnchorsCalculator and TensorsToDetectionsCalculator options of its "
+            "MediaPipe graph"
+        )
+    why = f"{known.title}: input {hw[1]}x{hw[0]}, outputs {shapes}, the anchors of MediaPipe's {known.graph}" + named
+    return DecoderChoice("mediapipe_ssd", dict(known.params), why), known
+
+
+def _mediapipe_summary(params: dict[str, Any]) -> str:
+    keys = ("num_boxes", "num_coords", "num_keypoints", "strides", "min_score_thresh", "min_suppression_threshold")
+    return ", ".join(f"{k} {params[k]}" for k in keys if k in params) + f" ({len(params)} options in model.toml)"
 
 
 def _copier(source: Path) -> Any:

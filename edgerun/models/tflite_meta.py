@@ -29,6 +29,8 @@ from edgerun.errors import ModelError
 
 EDGETPU_OP = "edgetpu-custom-op"
 TFLITE_IDENTIFIER = b"TFL3"  # the flatbuffer's file identifier, at byte 4
+METADATA_BUFFER = b"TFLITE_METADATA"  # the metadata entry holding TFLite Model Metadata ...
+METADATA_IDENTIFIER = b"M001"  # ... a flatbuffer with this identifier
 # Associated files larger than this are not labels or metadata (some exporters pack vocabularies).
 MAX_MEMBER_BYTES = 1 << 20
 
@@ -40,6 +42,7 @@ class TFLiteInfo:
     labels: list[str] | None = None  # a label map packed with TFLite Model Metadata
     labels_source: str = ""
     members: list[str] = field(default_factory=list)
+    model_name: str | None = None  # the name in the file's TFLite Model Metadata (MediaPipe's files carry one)
 
 
 def read(path: Path) -> TFLiteInfo:
@@ -50,7 +53,7 @@ def read(path: Path) -> TFLiteInfo:
         raise ModelError(f"{path}: cannot read ({err.strerror or err})") from None
     if data[4:8] != TFLITE_IDENTIFIER:
         raise ModelError(f"{path}: not a TFLite flatbuffer (no {TFLITE_IDENTIFIER.decode()} identifier)")
-    info = TFLiteInfo(edgetpu=has_custom_op(data, EDGETPU_OP))
+    info = TFLiteInfo(edgetpu=has_custom_op(data, EDGETPU_OP), model_name=metadata_name(data))
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile:
@@ -92,6 +95,39 @@ def _ultralytics(name: str, text: str) -> dict[str, Any] | None:
             return None
     if isinstance(value, dict) and (value.get("author") == "Ultralytics" or {"names", "imgsz"} <= value.keys()):
         return value
+    return None
+
+
+def metadata_name(data: bytes) -> str | None:
+    """The model name in the TFLite Model Metadata (the ``TFLITE_METADATA`` buffer), or None.
+
+    Read with the tflite schema package where it is installed: the metadata is
+    a ``ModelMetadata`` flatbuffer whose first field is its name. Only shown to
+    the user; nothing is decided by it.
+    """
+    try:
+        import flatbuffers
+        import tflite
+    except ImportError:
+        return None
+    try:
+        model = tflite.Model.GetRootAsModel(data, 0)
+        for i in range(model.MetadataLength()):
+            entry = model.Metadata(i)
+            if entry.Name() != METADATA_BUFFER:
+                continue
+            buffer = model.Buffers(entry.Buffer())
+            blob = buffer.DataAsNumpy().tobytes() if buffer.DataLength() else b""
+            if not blob and buffer.Size():  # large models keep buffers after the flatbuffer
+                blob = data[buffer.Offset() : buffer.Offset() + buffer.Size()]
+            if blob[4:8] != METADATA_IDENTIFIER:
+                return None
+            table = flatbuffers.table.Table(blob, flatbuffers.encode.Get(flatbuffers.packer.uoffset, blob, 0))
+            offset = table.Offset(4)  # vtable slot of field 0, ModelMetadata.name
+            name = table.String(offset + table.Pos) if offset else None
+            return (name.decode("utf-8", "replace").strip() or None) if name else None
+    except Exception:  # a corrupt flatbuffer raises whatever the generated reader hits
+        return None
     return None
 
 
