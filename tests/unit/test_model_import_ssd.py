@@ -46,7 +46,7 @@ def postprocess_outputs(path: Path) -> list[int]:
     raise AssertionError(f"{path.name} has no {OP}")
 
 
-def reference_detect(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reference_detect(rgb: np.ndarray, threshold: float = THRESHOLD) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LiteRT on the file: letterbox by padding with 0, /255, the op's outputs mapped to source pixels."""
     from ai_edge_litert.interpreter import Interpreter
 
@@ -64,7 +64,7 @@ def reference_detect(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     boxes = interp.get_tensor(boxes_i)[0, :count].astype(np.float64)  # ymin, xmin, ymax, xmax in [0, 1]
     classes = interp.get_tensor(classes_i)[0, :count].astype(np.int64)
     scores = interp.get_tensor(scores_i)[0, :count]
-    keep = scores >= THRESHOLD
+    keep = scores >= threshold
     boxes, classes, scores = boxes[keep], classes[keep], scores[keep]
     xyxy = boxes[:, [1, 0, 3, 2]] * SIZE
     xyxy[:, [1, 3]] -= top
@@ -112,6 +112,22 @@ def test_boxes_match_the_operators_own_outputs(imported, photo):
     np.testing.assert_allclose(scores, ref_scores, atol=1e-6)
     np.testing.assert_allclose(boxes, ref_boxes, atol=1e-3)  # source pixels
     assert min(box_iou(a, b) for a, b in zip(boxes, ref_boxes)) >= 0.999
+
+
+def test_decoder_params_from_a_file_are_laid_over_the_inferred_ones(tmp_path):
+    params = tmp_path / "ssd.toml"
+    params.write_text("min_score_thresh = 0.73\n")
+    result = import_model(FILE, tmp_path / "ssd", decoder_params=params)
+    assert result.bundle.manifest.decoder.params == {"min_score_thresh": 0.73}
+    assert {s.key: s.source for s in result.settings}["decoder.params.min_score_thresh"] == (
+        f"--decoder-params {params}"
+    )
+    rgb = small_photo("astronaut")
+    boxes, scores, _ = edgerun_detect(result.bundle.root, rgb)
+    ref_boxes, ref_scores, _ = reference_detect(rgb, threshold=0.73)
+    assert 1 <= len(boxes) == len(ref_boxes) < len(reference_detect(rgb)[0])  # the threshold took some away
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-6)
+    np.testing.assert_allclose(boxes, ref_boxes, atol=1e-3)
 
 
 def test_a_node_publishes_what_the_operator_finds(imported, tmp_path):
