@@ -136,6 +136,12 @@ def test_pose_detector_imports_with_no_flags_and_finds_what_the_demo_bundle_find
     assert assert_same_detections(result.bundle, pose_bundle) >= 2
 
 
+def test_decoder_mediapipe_ssd_named_on_a_known_layout_takes_its_params(pose_tflite, tmp_path):
+    result = import_model(pose_tflite, tmp_path / "pose", decoder="mediapipe_ssd")
+    assert result.bundle.manifest.decoder.params == POSE_DETECTOR_PARAMS
+    assert result.bundle.manifest.labels == ["person"]
+
+
 def test_an_anchor_head_of_unknown_layout_is_refused_in_one_line(palm_tflite, tmp_path, capsys):
     out = tmp_path / "palm"
     assert edgerun_main(["model", "import", str(palm_tflite), "--out", str(out)]) == 2
