@@ -478,7 +478,7 @@ def add_fleet_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_fleet_promote)
     p = fsub.add_parser("retire", help="take a node off every station's fleet view (it comes back if it speaks)")
     p.add_argument("node", metavar="NODE", help="the node's id")
-    p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT")
+    p.add_argument("--mqtt", default="127.0.0.1:1883", metavar="HOST:PORT", help="the fleet's broker")
     add_broker_login_options(p)
     p.add_argument("--by", default="", help="who retires it, as stations store it (default: operator:<login>)")
     p.add_argument("--reason", default="", help="why, as stations show and store it")
