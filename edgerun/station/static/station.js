@@ -22,6 +22,7 @@ function applySnapshot(snap) {
   for (const [id, n] of Object.entries(S.nodes)) S.trails[id] = (n.trail || []).map((p) => [p[0], p[1], 0]);
   S.bounds = null;
   S.dirty = true; renderRollouts();
+  if (typeof alertsApply === "function") alertsApply(snap, true);  // alerts.js
 }
 
 function applyDelta(d) {
@@ -41,6 +42,7 @@ function applyDelta(d) {
   if (d.events) { S.events.push(...d.events); if (S.events.length > 300) S.events.splice(0, S.events.length - 300); }
   if (d.broker) S.broker = d.broker;
   S.dirty = true;
+  if (typeof alertsApply === "function") alertsApply(d, false);  // alerts.js
 }
 
 // -- the operator's session: who is logged in, and the CSRF token every POST carries ---------------------------
