@@ -1,0 +1,251 @@
+"""Alerts end to end: real mosquitto, the demo's three real drones (their dedup reports fleet objects, with
+pictures), the station as a process with operator logins, a SQLite store and a webhook, and two headless Chromium
+pages logged in as two operators.
+
+* A new fleet object raises the alert on both pages (its label and owner; the picture once the owner sent it).
+* Acknowledging it on one page clears it on both, and both show who acknowledged it.
+* The station is stopped and started again on the same store: the object is still acknowledged, by the same
+  operator, on the page and in the snapshot; one nobody acknowledged is still alerting.
+* The webhook receiver (a real HTTP server on loopback that fails its first requests) gets the POST for the
+  object after the failures, retried, and the station counts the failed attempts and the sent alerts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
+from edgerun.station.auth import set_password
+from edgerun.testing.ports import free_port
+from tests.integration.brokers import python_env, wait_for
+from tests.integration.test_station_browser import CHROMEDRIVER, submit_login
+from tests.integration.test_station_mission import Swarm
+
+OPERATORS = {"ana": "correct horse battery", "bo": "staple battery horse"}
+FAIL_FIRST = 2
+
+pytestmark = [
+    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+    pytest.mark.skipif(
+        not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
+        reason="Debian's chromium and chromium-driver are not installed",
+    ),
+]
+
+
+class HookReceiver:
+    """A webhook receiver on loopback: 503 to the first ``fail_first`` POSTs, then 204; it keeps every body."""
+
+    def __init__(self, fail_first: int) -> None:
+        self.posts: list[tuple[int, dict[str, Any]]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                status = 503 if len(receiver.posts) < fail_first else 204
+                receiver.posts.append((status, body))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Station:
+    def __init__(self, tmp: Path, broker_port: int, db: Path, users: Path, hook: str, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = tmp / "station.log"
+        cmd = [
+            sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
+            "--bind", f"127.0.0.1:{port}", "--db", str(db), "--users", str(users), "--public-view",
+            "--alert-labels", "face", "--alert-webhook", hook, "--stale-s", "4",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=self.log_path.open("a"), stderr=subprocess.STDOUT, env=python_env())
+        assert wait_for(self._answers, timeout=60), self.log()
+
+    def _answers(self) -> bool:
+        try:
+            self.snapshot()
+            return True
+        except OSError:
+            return False
+
+    def snapshot(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/api/snapshot", timeout=5) as r:  # --public-view: reads need no login
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+
+def chromium() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1400,1000")
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+ALERTS_JS = """return {
+  open: [...document.querySelectorAll('#alert-list .alert')].map(a => ({id: a.dataset.object,
+    text: a.innerText, image: (a.querySelector('img.alert-image') || {}).src || null,
+    loaded: !!(a.querySelector('img.alert-image') || {}).naturalWidth})),
+  acked: [...document.querySelectorAll('#alert-acked li')].map(li => ({id: li.dataset.object, by: li.dataset.by,
+    text: li.textContent.replace(/\\s+/g, ' ')})),
+  alerting: !!document.querySelector('#alerts.alerting'),
+  sound: (document.getElementById('alert-sound-state') || {}).textContent || null,
+};"""
+
+
+def alerts_on(driver: Any) -> dict[str, Any]:
+    return driver.execute_script(ALERTS_JS)
+
+
+def open_page(driver: Any, url: str, user: str) -> None:
+    driver.get(url + "/login")
+    submit_login(driver, user, OPERATORS[user])
+    assert wait_for(
+        lambda: driver.execute_script("return document.getElementById('who').textContent") == f"operator {user}", 30
+    ), driver.page_source[:2000]
+
+
+@pytest.mark.timeout(420)
+def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_acknowledged(tmp_path):
+    users = tmp_path / "station-users"
+    for user, password in OPERATORS.items():
+        set_password(users, user, password)
+    db = tmp_path / "station.db"
+    receiver = HookReceiver(FAIL_FIRST)
+    drivers: list[Any] = []
+    station: Station | None = None
+    with run_mosquitto() as broker:
+        swarm = Swarm(tmp_path, broker.port)
+        try:
+            port = free_port()
+            station = Station(tmp_path, broker.port, db, users, receiver.url, port)
+            drivers = [chromium(), chromium()]
+            for driver, user in zip(drivers, OPERATORS):
+                open_page(driver, station.url, user)
+            for driver in drivers:  # sound needs a user gesture: the page asks once and says whether it is on
+                assert alerts_on(driver)["sound"] == "sound is off"
+
+            # -- a find alerts both pages -----------------------------------------------------------------
+            def first_alert() -> str | None:
+                shown = [{a["id"] for a in alerts_on(d)["open"]} for d in drivers]
+                common = shown[0] & shown[1]
+                return sorted(common)[0] if common else None
+
+            assert wait_for(lambda: first_alert() is not None, 150, 0.5), (station.log(), swarm.tmp)
+            target = first_alert()
+            assert target is not None
+            snap = station.snapshot()
+            objects = {o["id"]: o for o in snap["objects"]}
+            assert target in objects and objects[target]["label"] == "face"  # every alert is a reported object
+            for driver in drivers:
+                (card,) = [a for a in alerts_on(driver)["open"] if a["id"] == target]
+                assert "face" in card["text"] and objects[target]["owner"] in card["text"]
+                assert alerts_on(driver)["alerting"]
+
+            # the owner's picture reaches the alert on both pages (and loads: the route serves the JPEG)
+            def picture_loaded() -> bool:
+                cards = [[a for a in alerts_on(d)["open"] if a["id"] == target] for d in drivers]
+                return all(c and c[0]["image"] and c[0]["loaded"] for c in cards)
+
+            assert wait_for(picture_loaded, 60, 0.5), [alerts_on(d)["open"] for d in drivers]
+
+            # sound: the operator enables it on one page, which then says so
+            drivers[1].find_element("id", "alert-sound").click()
+            assert wait_for(lambda: alerts_on(drivers[1])["sound"] == "sound is on", 10), alerts_on(drivers[1])
+
+            # -- acknowledged on one page: cleared on both, who shown on both -----------------------------------
+            drivers[0].execute_script('document.querySelector(`button[data-ack="${arguments[0]}"]`).click();', target)
+
+            def acked_everywhere() -> bool:
+                for d in drivers:
+                    state = alerts_on(d)
+                    if target in {a["id"] for a in state["open"]}:
+                        return False
+                    if not any(a["id"] == target and a["by"] == "operator:ana" for a in state["acked"]):
+                        return False
+                return True
+
+            assert wait_for(acked_everywhere, 20, 0.25), [alerts_on(d) for d in drivers]
+            acked = {a["id"]: a for a in station.snapshot()["alerts"]}[target]
+            assert acked["acked_by"] == "operator:ana" and acked["acked_ts"] is not None
+            unacked = sorted(a["id"] for a in station.snapshot()["alerts"] if a["acked_by"] is None)
+
+            # -- the webhook got the POST for it after failing twice ----------------------------------------------
+            def delivered() -> bool:
+                return any(status == 204 and body["object"] == target for status, body in receiver.posts)
+
+            assert wait_for(delivered, 60, 0.25), (receiver.posts, station.snapshot().get("webhook"))
+            assert [s for s, _ in receiver.posts[:FAIL_FIRST]] == [503] * FAIL_FIRST
+            assert receiver.posts[0][1]["object"] == receiver.posts[FAIL_FIRST][1]["object"]  # the same one, retried
+            body = next(b for s, b in receiver.posts if s == 204 and b["object"] == target)
+            assert body["label"] == "face" and body["node"] == objects[target]["owner"]
+            assert body["url"] == f"{station.url}/#object={target}"
+            stats = station.snapshot()["webhook"]
+            assert stats["failed"] >= FAIL_FIRST and stats["sent"] >= 1, stats
+
+            # -- a restart keeps it acknowledged; one nobody acknowledged still alerts --------------------------
+            station.stop()
+            posts_before = len(receiver.posts)
+            known_before = set(unacked) | {target}
+            station = Station(tmp_path, broker.port, db, users, receiver.url, port)
+            after = {a["id"]: a for a in station.snapshot()["alerts"]}
+            assert (after[target]["acked_by"], after[target]["acked_ts"]) == ("operator:ana", acked["acked_ts"])
+            for oid in unacked:
+                assert after[oid]["acked_by"] is None, after[oid]
+            for driver in drivers:  # the pages reconnect to the new process by themselves
+                assert wait_for(
+                    lambda d=driver: (
+                        any(a["id"] == target and a["by"] == "operator:ana" for a in alerts_on(d)["acked"])
+                        and target not in {a["id"] for a in alerts_on(d)["open"]}
+                    ),
+                    30,
+                    0.5,
+                ), alerts_on(driver)
+            # what the store knew is not news: the restarted station posts only finds it had not seen
+            assert not known_before & {b["object"] for _, b in receiver.posts[posts_before:]}, receiver.posts
+        finally:
+            for driver in drivers:
+                driver.quit()
+            if station is not None:
+                station.stop()
+            swarm.close()
+            receiver.close()
