@@ -30,6 +30,7 @@ from edgerun.station.auth import set_password
 from edgerun.testing.ports import free_port
 from tests.integration.brokers import python_env, wait_for
 from tests.integration.test_station_browser import CHROMEDRIVER, submit_login
+from tests.integration.test_station_doors import users_file  # noqa: F401 (fixture)
 from tests.integration.test_station_mission import Swarm
 
 OPERATORS = {"ana": "correct horse battery", "bo": "staple battery horse"}
@@ -249,3 +250,33 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
                 station.stop()
             swarm.close()
             receiver.close()
+
+
+@pytest.mark.timeout(180)
+def test_an_ack_needs_a_login_the_csrf_token_a_confirmation_and_a_known_alert(tmp_path, users_file):  # noqa: F811
+    """The ack route behind the station's doors, against a real station process (no node: no alert exists)."""
+    from tests.integration.test_station_doors import StationProc, call, cookie_of, login, own
+
+    with run_mosquitto() as broker:
+        station = StationProc(tmp_path, broker.port, "--users", str(users_file), name="a")
+        read_only = StationProc(tmp_path, broker.port, "--public-view", name="b")
+        try:
+            confirm = {**own(station), "X-Edgerun-Confirm": "a1"}
+            assert call(station.port, "POST", "/api/alerts/a1/ack", confirm, b"").status == 401
+            cookie = cookie_of(login(station))
+            csrf = call(station.port, "GET", "/api/session", {"Cookie": cookie}).json()["csrf"]
+            no_token = call(station.port, "POST", "/api/alerts/a1/ack", {**confirm, "Cookie": cookie}, b"")
+            assert no_token.status == 403 and "X-CSRF-Token" in no_token.json()["error"]
+            logged_in = {**own(station), "Cookie": cookie, "X-CSRF-Token": csrf}
+            unconfirmed = call(station.port, "POST", "/api/alerts/a1/ack", logged_in, b"")
+            assert unconfirmed.status == 400
+            assert unconfirmed.json()["error"] == "confirm the action: send X-Edgerun-Confirm: a1"
+            unknown = call(station.port, "POST", "/api/alerts/a1/ack", {**logged_in, "X-Edgerun-Confirm": "a1"}, b"")
+            assert unknown.status == 404 and unknown.json()["error"] == "ack: no alert for object 'a1'"
+            refused = call(
+                read_only.port, "POST", "/api/alerts/a1/ack", {**own(read_only), "X-Edgerun-Confirm": "a1"}, b""
+            )
+            assert refused.status == 403 and "read-only" in refused.json()["error"]
+        finally:
+            station.stop()
+            read_only.stop()
