@@ -189,6 +189,17 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
 
             assert wait_for(picture_loaded, 60, 0.5), [alerts_on(d)["open"] for d in drivers]
 
+            # on a phone the alert with its picture fits: no sideways scroll
+            drivers[1].set_window_size(390, 844)
+            assert wait_for(lambda: drivers[1].execute_script("return window.innerWidth") <= 390, 10)
+            assert wait_for(lambda: alerts_on(drivers[1])["open"], 10)
+            width, inner = drivers[1].execute_script(
+                "return [document.documentElement.scrollWidth, window.innerWidth];"
+            )
+            assert width <= inner, (width, inner)
+            drivers[1].save_screenshot(str(tmp_path / "alerts-390.png"))
+            drivers[0].save_screenshot(str(tmp_path / "alerts.png"))
+
             # sound: the operator enables it on one page, which then says so
             drivers[1].find_element("id", "alert-sound").click()
             assert wait_for(lambda: alerts_on(drivers[1])["sound"] == "sound is on", 10), alerts_on(drivers[1])

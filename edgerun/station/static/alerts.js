@@ -24,7 +24,7 @@ function alertsEl() {
     <button id="alert-sound" type="button">enable sound</button><span id="alert-sound-state" class="muted"></span>
     <span id="alert-result" class="muted"></span></div>
     <div id="alert-list"></div>
-    <details id="alert-acked-box"><summary>acknowledged (<span id="alert-acked-count">0</span>)</summary>
+    <details id="alert-acked-box" open><summary>acknowledged (<span id="alert-acked-count">0</span>)</summary>
     <ul id="alert-acked"></ul></details>`;
   const anchor = document.getElementById("banner");
   anchor.parentNode.insertBefore(box, anchor.nextSibling);
