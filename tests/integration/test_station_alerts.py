@@ -3,7 +3,8 @@ pictures), the station as a process with operator logins, a SQLite store and a w
 pages logged in as two operators.
 
 * A new fleet object raises the alert on both pages (its label and owner; the picture once the owner sent it).
-* Acknowledging it on one page clears it on both, and both show who acknowledged it.
+* Acknowledging it on one page clears it on both, and both show who acknowledged it; a second station on the
+  same broker (its own store) shows it acknowledged by the same operator at the same time (the retained mark).
 * The station is stopped and started again on the same store: the object is still acknowledged, by the same
   operator, on the page and in the snapshot; one nobody acknowledged is still alerting.
 * The webhook receiver (a real HTTP server on loopback that fails its first requests) gets the POST for the
@@ -75,14 +76,13 @@ class HookReceiver:
 
 
 class Station:
-    def __init__(self, tmp: Path, broker_port: int, db: Path, users: Path, hook: str, port: int) -> None:
+    def __init__(self, tmp: Path, broker_port: int, db: Path, port: int, *extra: str, name: str = "station") -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.log_path = tmp / "station.log"
+        self.log_path = tmp / f"{name}.log"
         cmd = [
             sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
-            "--bind", f"127.0.0.1:{port}", "--db", str(db), "--users", str(users), "--public-view",
-            "--alert-labels", "face", "--alert-webhook", hook, "--stale-s", "4",
+            "--bind", f"127.0.0.1:{port}", "--db", str(db), "--alert-labels", "face", "--stale-s", "4", *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=self.log_path.open("a"), stderr=subprocess.STDOUT, env=python_env())
         assert wait_for(self._answers, timeout=60), self.log()
@@ -154,11 +154,15 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
     receiver = HookReceiver(FAIL_FIRST)
     drivers: list[Any] = []
     station: Station | None = None
+    other: Station | None = None
     with run_mosquitto() as broker:
         swarm = Swarm(tmp_path, broker.port)
         try:
             port = free_port()
-            station = Station(tmp_path, broker.port, db, users, receiver.url, port)
+            doors = ("--users", str(users), "--public-view", "--alert-webhook", receiver.url)
+            station = Station(tmp_path, broker.port, db, port, *doors)
+            # a second station on the same broker with its own store (a command post): no page, no webhook
+            other = Station(tmp_path, broker.port, tmp_path / "other.db", free_port(), name="other")
             drivers = [chromium(), chromium()]
             for driver, user in zip(drivers, OPERATORS):
                 open_page(driver, station.url, user)
@@ -221,6 +225,13 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
             assert acked["acked_by"] == "operator:ana" and acked["acked_ts"] is not None
             unacked = sorted(a["id"] for a in station.snapshot()["alerts"] if a["acked_by"] is None)
 
+            # the other station hears the retained mark: acknowledged there too, by the same operator
+            def acked_on_other() -> bool:
+                alert = {a["id"]: a for a in other.snapshot()["alerts"]}.get(target) if other else None
+                return bool(alert and alert["acked_by"] == "operator:ana" and alert["acked_ts"] == acked["acked_ts"])
+
+            assert wait_for(acked_on_other, 20, 0.25), other.snapshot()["alerts"] if other else None
+
             # -- the webhook got the POST for it after failing twice ----------------------------------------------
             def delivered() -> bool:
                 return any(status == 204 and body["object"] == target for status, body in receiver.posts)
@@ -238,7 +249,7 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
             station.stop()
             posts_before = len(receiver.posts)
             known_before = set(unacked) | {target}
-            station = Station(tmp_path, broker.port, db, users, receiver.url, port)
+            station = Station(tmp_path, broker.port, db, port, *doors)
             after = {a["id"]: a for a in station.snapshot()["alerts"]}
             assert (after[target]["acked_by"], after[target]["acked_ts"]) == ("operator:ana", acked["acked_ts"])
             for oid in unacked:
@@ -257,8 +268,9 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
         finally:
             for driver in drivers:
                 driver.quit()
-            if station is not None:
-                station.stop()
+            for process in (station, other):
+                if process is not None:
+                    process.stop()
             swarm.close()
             receiver.close()
 
