@@ -129,6 +129,7 @@ ALERTS_JS = """return {
   acked: [...document.querySelectorAll('#alert-acked li')].map(li => ({id: li.dataset.object, by: li.dataset.by,
     text: li.textContent.replace(/\\s+/g, ' ')})),
   alerting: !!document.querySelector('#alerts.alerting'),
+  focus: [...document.querySelectorAll('#alerts .alert-focus')].map(e => e.dataset.object),
   sound: (document.getElementById('alert-sound-state') || {}).textContent || null,
 };"""
 
@@ -203,6 +204,10 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
             assert width <= inner, (width, inner)
             drivers[1].save_screenshot(str(tmp_path / "alerts-390.png"))
             drivers[0].save_screenshot(str(tmp_path / "alerts.png"))
+
+            # the webhook's link (#object=<id>) marks that alert on the page
+            drivers[0].get(f"{station.url}/#object={target}")
+            assert wait_for(lambda: alerts_on(drivers[0])["focus"] == [target], 10), alerts_on(drivers[0])
 
             # sound: the operator enables it on one page, which then says so
             drivers[1].find_element("id", "alert-sound").click()

@@ -52,7 +52,9 @@ function alertsRender() {
   box.classList.toggle("alerting", open.length > 0);
   document.getElementById("alert-count").textContent = open.length ? `${open.length} new` : "none new";
   const canAct = typeof S === "undefined" || S.canAct;
-  document.getElementById("alert-list").innerHTML = open.map((a) => `<div class="alert" data-object="${esc(a.id)}">
+  const focus = decodeURIComponent((window.location.hash.match(/^#object=(.+)$/) || [])[1] || "");  // a webhook's link
+  document.getElementById("alert-list").innerHTML = open.map((a) => `<div class="alert${a.id === focus ? " alert-focus" : ""}"
+    data-object="${esc(a.id)}">
     ${a.image_url ? `<img class="alert-image" src="${esc(a.image_url)}" alt="picture of ${esc(a.label)}">` : ""}
     <div class="alert-text"><b>${esc(a.label)}</b> ${a.score !== null && a.score !== undefined ? fmt(a.score, 2) : ""}
     <span class="muted">${esc(a.id)}</span><br>${esc(alertsPlace(a))}<br>
@@ -60,8 +62,8 @@ function alertsRender() {
     <button type="button" class="alert-ack" data-ack="${esc(a.id)}" ${canAct && !A.posting.has(a.id) ? "" : "disabled"}>
     acknowledge</button></div>`).join("");
   document.getElementById("alert-acked-count").textContent = String(acked.length);
-  document.getElementById("alert-acked").innerHTML = acked.slice(0, ACKED_SHOWN).map((a) =>
-    `<li data-object="${esc(a.id)}" data-by="${esc(a.acked_by)}">${esc(a.label)} <span class="muted">${esc(a.id)}</span>
+  document.getElementById("alert-acked").innerHTML = acked.filter((a, i) => i < ACKED_SHOWN || a.id === focus).map((a) =>
+    `<li${a.id === focus ? ' class="alert-focus"' : ""} data-object="${esc(a.id)}" data-by="${esc(a.acked_by)}">${esc(a.label)} <span class="muted">${esc(a.id)}</span>
     acknowledged by <b>${esc(a.acked_by)}</b> at ${clock(a.acked_ts)}</li>`).join("");
   alertsSoundState();
   if (open.length) alertsTone();
@@ -123,4 +125,5 @@ async function alertsAck(id) {
   }
 }
 
+window.addEventListener("hashchange", alertsRender);
 setInterval(() => { if (Object.values(A.alerts).some((a) => !a.acked_by)) alertsTone(); }, 1000);
