@@ -107,4 +107,5 @@ class AlertBook:
     def take_raised(self) -> list[dict[str, Any]]:
         """The alerts raised since the last call (for the webhook), oldest first, with what came since (a picture)."""
         raised, self._raised = self._raised, []
-        return [dict(self.alerts[k]) for k in raised if k in self.alerts]
+        # Acknowledged in the meantime (a retained mark right behind its object at a start without a store): no page.
+        return [dict(self.alerts[k]) for k in raised if k in self.alerts and self.alerts[k]["acked_by"] is None]

@@ -99,6 +99,9 @@ def test_an_ack_that_arrives_before_its_object_means_no_alert_and_no_webhook():
     m.ingest(wire.ack_topic("a1"), ack_mark("a1"), T0, retained=True)  # retained marks can come first
     m.ingest("edgerun/fleet/objects", found("a1"), T0 + 1)
     assert m.alerts.take_raised() == [] and m.alerts.alerts["a1"]["acked_by"] == "operator:ana"
+    m.ingest("edgerun/fleet/objects", found("a2"), T0 + 2)  # the mark right behind its object, before the tick
+    m.ingest(wire.ack_topic("a2"), ack_mark("a2"), T0 + 2, retained=True)
+    assert m.alerts.take_raised() == []
 
 
 def test_a_restart_keeps_acknowledged_finds_quiet_and_unacknowledged_ones_alerting(store):
