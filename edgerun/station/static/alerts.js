@@ -52,6 +52,7 @@ function alertsRender() {
   box.classList.toggle("alerting", open.length > 0);
   document.getElementById("alert-count").textContent = open.length ? `${open.length} new` : "none new";
   const canAct = typeof S === "undefined" || S.canAct;
+  A.renderedCanAct = canAct;
   const focus = decodeURIComponent((window.location.hash.match(/^#object=(.+)$/) || [])[1] || "");  // a webhook's link
   document.getElementById("alert-list").innerHTML = open.map((a) => `<div class="alert${a.id === focus ? " alert-focus" : ""}"
     data-object="${esc(a.id)}">
@@ -126,4 +127,7 @@ async function alertsAck(id) {
 }
 
 window.addEventListener("hashchange", alertsRender);
-setInterval(() => { if (Object.values(A.alerts).some((a) => !a.acked_by)) alertsTone(); }, 1000);
+setInterval(() => {
+  if (typeof S !== "undefined" && A.renderedCanAct !== undefined && S.canAct !== A.renderedCanAct) alertsRender();
+  if (Object.values(A.alerts).some((a) => !a.acked_by)) alertsTone();
+}, 1000);
