@@ -9,6 +9,9 @@ pages logged in as two operators.
   operator, on the page and in the snapshot; one nobody acknowledged is still alerting.
 * The webhook receiver (a real HTTP server on loopback that fails its first requests) gets the POST for the
   object after the failures, retried, and the station counts the failed attempts and the sent alerts.
+* Two stations on one real PostgreSQL 15: an ack on one shows on the other, is stored once, and is still there
+  after the other is SIGKILLed and started again.
+* The ack route's doors: login, CSRF token, confirmation header, unknown alert, read-only page.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,18 +36,16 @@ from edgerun.testing.ports import free_port
 from tests.integration.brokers import python_env, wait_for
 from tests.integration.test_station_browser import CHROMEDRIVER, submit_login
 from tests.integration.test_station_doors import users_file  # noqa: F401 (fixture)
-from tests.integration.test_station_mission import Swarm
+from tests.integration.test_station_mission import PG_BIN, StationProcess, Swarm, postgres_server
 
 OPERATORS = {"ana": "correct horse battery", "bo": "staple battery horse"}
 FAIL_FIRST = 2
 
-pytestmark = [
-    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
-    pytest.mark.skipif(
-        not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
-        reason="Debian's chromium and chromium-driver are not installed",
-    ),
-]
+pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
+    reason="Debian's chromium and chromium-driver are not installed",
+)
 
 
 class HookReceiver:
@@ -146,6 +148,7 @@ def open_page(driver: Any, url: str, user: str) -> None:
     ), driver.page_source[:2000]
 
 
+@needs_chromium
 @pytest.mark.timeout(420)
 def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_acknowledged(tmp_path):
     users = tmp_path / "station-users"
@@ -308,3 +311,68 @@ def test_an_ack_needs_a_login_the_csrf_token_a_confirmation_and_a_known_alert(tm
         finally:
             station.stop()
             read_only.stop()
+
+
+def post_ack(station_url: str, object_id: str) -> dict[str, Any]:
+    """What the page sends (a loopback station without --users: this machine's operator may act)."""
+    request = urllib.request.Request(
+        f"{station_url}/api/alerts/{object_id}/ack", method="POST", data=b"", headers={"X-Edgerun-Confirm": object_id}
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.skipif(PG_BIN is None or not (PG_BIN / "initdb").exists(), reason="Debian's postgresql is not installed")
+@pytest.mark.timeout(300)
+def test_two_stations_on_one_postgresql_share_an_ack_and_store_it_once(tmp_path):
+    """A tent and a command post on one PostgreSQL database: an ack on one shows on the other (live, through the
+    retained mark), the database holds one ack row, and the other station killed and started again still shows
+    it acknowledged (from the shared store)."""
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+    import sqlalchemy as sa
+
+    from edgerun.station.store import engine_for
+
+    with postgres_server() as url, run_mosquitto() as broker:
+        stations: list[StationProcess] = []
+        swarm = None
+        try:
+            stations = [StationProcess(tmp_path, f"station-{i}", broker.port, url) for i in (1, 2)]
+            swarm = Swarm(tmp_path, broker.port)
+
+            def common_alert() -> str | None:
+                ids = [{a["id"] for a in s.snapshot()["alerts"] if a["acked_by"] is None} for s in stations]
+                return min(ids[0] & ids[1], default=None)
+
+            assert wait_for(lambda: common_alert() is not None, 120, 0.5), [s.log() for s in stations]
+            target = common_alert()
+            assert target is not None
+            answer = post_ack(stations[0].url, target)
+            assert answer["ok"] and answer["acked_by"] == "operator"
+            again = post_ack(stations[0].url, target)  # a second press changes nothing
+            assert again["acked_ts"] == answer["acked_ts"]
+
+            def acked_on(station: StationProcess) -> dict[str, Any] | None:
+                alert = {a["id"]: a for a in station.snapshot()["alerts"]}.get(target)
+                return alert if alert and alert["acked_by"] else None
+
+            assert wait_for(lambda: acked_on(stations[1]) is not None, 20, 0.25)
+            assert acked_on(stations[1])["acked_ts"] == answer["acked_ts"]  # type: ignore[index]
+            time.sleep(1.5)  # both stations flush (every 0.5 s) what they journalled
+            stations[1].kill()
+            restarted = StationProcess(tmp_path, "station-2b", broker.port, url, port=stations[1].port)
+            stations.append(restarted)
+            restored = {a["id"]: a for a in restarted.snapshot()["alerts"]}[target]
+            assert (restored["acked_by"], restored["acked_ts"]) == ("operator", answer["acked_ts"])
+        finally:
+            for s in stations:
+                s.kill()
+            if swarm is not None:
+                swarm.close()
+        engine = engine_for(url)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT target, by FROM actions WHERE kind = 'ack' AND target = :t"), {"t": target}
+            ).all()
+        engine.dispose()
+        assert [tuple(r) for r in rows] == [(target, "operator")]
