@@ -132,6 +132,8 @@ ALERTS_JS = """return {
     text: li.textContent.replace(/\\s+/g, ' ')})),
   alerting: !!document.querySelector('#alerts.alerting'),
   focus: [...document.querySelectorAll('#alerts .alert-focus')].map(e => e.dataset.object),
+  table: Object.fromEntries([...document.querySelectorAll('#objects tbody tr[data-id]')].map(r =>
+    [r.dataset.id, r.querySelector('.alert-state').textContent.trim()])),
   sound: (document.getElementById('alert-sound-state') || {}).textContent || null,
 };"""
 
@@ -189,6 +191,9 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
                 (card,) = [a for a in alerts_on(driver)["open"] if a["id"] == target]
                 assert "face" in card["text"] and objects[target]["owner"] in card["text"]
                 assert alerts_on(driver)["alerting"]
+            assert wait_for(lambda: all(alerts_on(d)["table"].get(target) == "new" for d in drivers), 10), [
+                alerts_on(d)["table"] for d in drivers
+            ]
 
             # the owner's picture reaches the alert on both pages (and loads: the route serves the JPEG)
             def picture_loaded() -> bool:
@@ -225,6 +230,8 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
                     if target in {a["id"] for a in state["open"]}:
                         return False
                     if not any(a["id"] == target and a["by"] == "operator:ana" for a in state["acked"]):
+                        return False
+                    if not state["table"].get(target, "").startswith("ack operator:ana "):  # the objects table
                         return False
                 return True
 

@@ -70,6 +70,14 @@ function alertsRender() {
   if (open.length) alertsTone();
 }
 
+// The objects table's alert column (station.js draws the table): new, or who acknowledged it and when.
+function alertsCell(id) {
+  const a = A.alerts[id];
+  if (!a) return "-";
+  if (!a.acked_by) return '<span class="badge b-dead">new</span>';
+  return `<span title="acknowledged at ${clock(a.acked_ts)}">ack ${esc(a.acked_by)} ${clock(a.acked_ts)}</span>`;
+}
+
 // Browsers start audio only after a user gesture: the operator enables it once, and the page says whether it is on.
 function alertsToggleSound() {
   if (!A.audio) {
