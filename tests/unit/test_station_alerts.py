@@ -269,3 +269,11 @@ def test_an_unreachable_webhook_is_counted_not_raised():
         assert hook.failed == 2 and hook.last_error.startswith("ClientConnectorError")
 
     asyncio.run(main())
+
+
+def test_the_benchmark_runs_in_a_short_form_and_acknowledges_every_find():
+    from edgerun.bench.station_alerts import run
+
+    result = run(objects=20, versions=2, runs=1)
+    assert result["us_per_object_message_with_alerts"] > 0 and result["us_per_object_message_without_alerts"] > 0
+    assert result["alerts"] == result["acknowledged"] == 20 and result["snapshot_alerts_bytes"] > 0
