@@ -17,6 +17,7 @@ Topics (``<node>`` is the node id; ``edgerun/<node>/`` is a node's default prefi
     edgerun/fleet/objects/<id>/image  a JPEG crop of the object's best detection (at most 64 KiB, retained); MQTT 5
                                       user properties node, score, box ("x0,y0,x1,y1" source pixels), ts (frame time)
     edgerun/fleet/retired/<node>      RetireNode (edgerun.retire/1, retained): an operator took the node off the fleet
+    edgerun/fleet/acks/<object id>    AlertAck (edgerun.ack/1, retained): an operator acknowledged the object's alert
     edgerun/fleet/releases/<model>    the signed release (edgerun.ota.release/1, retained); files below it
     edgerun/fleet/rollouts/<model>    RolloutEnvelope (edgerun.rollout/1, retained, signed)
     edgerun/station/events            a station's events (edgerun.event/1, node "station")
@@ -64,6 +65,7 @@ OBJECT_IMAGE_LEAF = "image"
 FLEET_OBJECT_IMAGES = FLEET_OBJECTS_TOPIC + "/+/" + OBJECT_IMAGE_LEAF
 MAX_OBJECT_IMAGE = 64 * 1024
 RETIRED_PREFIX = "edgerun/fleet/retired"
+ACKS_PREFIX = "edgerun/fleet/acks"
 RELEASES_PREFIX = "edgerun/fleet/releases"
 ROLLOUTS_PREFIX = "edgerun/fleet/rollouts"
 STATION_EVENTS_TOPIC = "edgerun/station/events"
@@ -73,6 +75,7 @@ STATION_SUBSCRIPTIONS = [f"edgerun/+/{key}" for key in NODE_TOPICS] + [
     FLEET_OBJECTS_RETAINED,
     FLEET_OBJECT_IMAGES,
     f"{RETIRED_PREFIX}/+",
+    f"{ACKS_PREFIX}/+",
     f"{RELEASES_PREFIX}/+",
     f"{ROLLOUTS_PREFIX}/+",
 ]
@@ -98,6 +101,10 @@ def object_image_topic(object_id: str, fleet_topic: str = FLEET_OBJECTS_TOPIC) -
 
 def retired_topic(node_id: str) -> str:
     return f"{RETIRED_PREFIX}/{node_id}"
+
+
+def ack_topic(object_id: str) -> str:
+    return f"{ACKS_PREFIX}/{object_id}"
 
 
 def release_topic(model: str) -> str:
@@ -460,6 +467,19 @@ class RetireNode(msgspec.Struct, kw_only=True):
     ts: Finite
     by: Annotated[str, msgspec.Meta(max_length=128)] = ""
     reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
+
+
+ACK_SCHEMA: Final = "edgerun.ack/1"
+
+
+class AlertAck(msgspec.Struct, kw_only=True):
+    """An operator acknowledged the alert a new fleet object raised (the station page); retained, so every
+    station, and one started later, stops alerting for it and shows who and when."""
+
+    schema: Literal["edgerun.ack/1"] = ACK_SCHEMA
+    object: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    ts: Finite
+    by: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 # -- decoding helpers ---------------------------------------------------------------------------

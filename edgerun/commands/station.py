@@ -146,12 +146,27 @@ def cmd_station(args: argparse.Namespace) -> int:
             state_dir=Path(args.state_dir) if args.state_dir else None,
             stale_s=args.stale_s,
             auto_halt=not args.no_auto_halt,
+            **alert_options(args),
             **store_options(args),
             **doors,
         )
         return asyncio.run(run_station(options, args.seconds))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def alert_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--alert-labels, --alert-webhook and --page-url as StationOptions fields."""
+    from edgerun.station.webhook import check_webhook_url
+
+    labels = [label.strip() for label in (args.alert_labels or "").split(",") if label.strip()]
+    if args.page_url and not args.page_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--page-url: expected an http:// or https:// URL, got {args.page_url!r}")
+    return {
+        "alert_labels": labels,
+        "alert_webhook": check_webhook_url(args.alert_webhook) if args.alert_webhook else None,
+        "page_url": args.page_url or "",
+    }
 
 
 def store_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,6 +211,9 @@ async def run_station(options: Any, seconds: float | None = None) -> int:
     elif options.public_view:
         mode += "; view only, no login (--public-view)"
     host = f"[{options.bind_host}]" if ":" in options.bind_host else options.bind_host
+    options.page_url = options.page_url or f"{server.scheme}://{host}:{server.port}"  # the webhook's links
+    if options.alert_webhook:
+        mode += f"; new finds are POSTed to {options.alert_webhook}"
     print(
         f"station: {server.scheme}://{host}:{server.port}/ fed from mqtt://{options.mqtt_host}:"
         f"{options.mqtt_port}; {mode}{mode_store}",
@@ -291,6 +309,24 @@ def add_station_parser(sub: Any) -> None:
         type=int,
         default=3600,
         help="the broker keeps the station's subscriptions and queued messages this long while it is down (0: no)",
+    )
+    st.add_argument(
+        "--alert-labels",
+        default=None,
+        metavar="LABEL,...",
+        help="only new objects with these labels alert the page and the webhook (default: every label)",
+    )
+    st.add_argument(
+        "--alert-webhook",
+        default=None,
+        metavar="URL",
+        help="POST a JSON body for each new alert here (retried with backoff, bounded)",
+    )
+    st.add_argument(
+        "--page-url",
+        default=None,
+        metavar="URL",
+        help="the page's address as the webhook's receiver reaches it (default: the bind address)",
     )
     st.add_argument("--stale-s", type=float, default=15.0, help="grey a node out after this long unheard")
     st.add_argument("--no-auto-halt", action="store_true", help="only warn when a canary regresses")

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from edgerun import wire
+from edgerun.station.alerts import AlertBook
 from edgerun.station.footprint import footprint, pose_from_payload
 from edgerun.station.store import Batch, Restored, event_key
 
@@ -43,6 +44,7 @@ _RELEASES = wire.RELEASES_PREFIX.split("/")
 _ROLLOUTS = wire.ROLLOUTS_PREFIX.split("/")
 _OBJECTS = wire.FLEET_OBJECTS_TOPIC.split("/")
 _RETIRED = wire.RETIRED_PREFIX.split("/")
+_ACKS = wire.ACKS_PREFIX.split("/")
 MAX_BOXES = 100
 # Rejections that are the release's fault (it does not open, warm up or hash), as opposed to policy or transport.
 RELEASE_FAULTS = frozenset({"warmup_failed", "bad_bundle", "hash_mismatch"})
@@ -188,6 +190,7 @@ class FleetModel:
         stale_s: float = 15.0,
         origin: str = "",
         journal: bool = False,
+        alert_labels: frozenset[str] | None = None,
     ) -> None:
         self.max_nodes, self.max_objects, self.max_events = max_nodes, max_objects, max_events
         self.trail_s, self.stale_s = trail_s, stale_s
@@ -214,6 +217,8 @@ class FleetModel:
         # What a store has not written yet (None: no store; nothing is kept).
         self.journal: Batch | None = Batch() if journal else None
         self._journal_nodes: set[str] = set()
+        # A new object alerts every page until an operator acknowledges it (edgerun/station/alerts.py).
+        self.alerts = AlertBook(alert_labels, max_alerts=max_objects)
 
     # -- input ------------------------------------------------------------------------
 
@@ -252,6 +257,8 @@ class FleetModel:
                 self._image(parts[3], payload, props or {}, now)
             elif len(parts) == 4 and parts[:3] == _RETIRED:
                 self._retire_message(parts[3], payload, now)
+            elif len(parts) == 4 and parts[:3] == _ACKS:
+                self._ack_message(parts[3], payload)
             elif topic == wire.FLEET_OBJECTS_TOPIC or (len(parts) == 4 and parts[:3] == _OBJECTS):
                 self._object(payload, now, retained)  # the stream, or an object's retained latest (a later start)
             elif len(parts) == 4 and parts[:3] == _RELEASES:
@@ -554,6 +561,7 @@ class FleetModel:
             if obj["id"] not in self.objects and len(self.objects) >= self.max_objects:
                 oldest = min(self.objects, key=lambda k: self.objects[k]["last_seen"])
                 del self.objects[oldest]
+                self.alerts.forget(oldest)
                 self._removed_objects.add(oldest)
                 self._dirty_objects.discard(oldest)
             known = self.objects.get(obj["id"])
@@ -570,6 +578,7 @@ class FleetModel:
             self.objects[obj["id"]] = obj
             self._dirty_objects.add(obj["id"])
             self._removed_objects.discard(obj["id"])
+            self.alerts.observe(obj, now)
 
     def _release(self, model: str, payload: bytes) -> None:
         if not payload:
@@ -618,6 +627,7 @@ class FleetModel:
         if obj is not None and "image_url" not in obj:
             obj["image_url"] = image_url(object_id)
             self._dirty_objects.add(object_id)
+            self.alerts.observe(obj, now)  # the alert shows the picture too
         if self.journal is not None:
             self.journal.images.append({"object_id": object_id, "jpeg": payload, **self.images[object_id]})
             del self.journal.images[:-64]  # 64 pictures of 64 KiB at most wait for the writer
@@ -667,6 +677,26 @@ class FleetModel:
                 }
             )
 
+    def _ack_message(self, object_id: str, payload: bytes) -> None:
+        if not payload:
+            return  # a cleared mark
+        if not OBJECT_ID_RE.match(object_id):
+            raise _Drop("bad_ack")
+        doc = self._decode(payload, wire.AlertAck)
+        if doc.object != object_id:
+            raise _Drop("bad_ack")
+        self.ack(object_id, doc.by[:128] or "operator", doc.ts, key=payload_key(payload))
+
+    def ack(self, object_id: str, by: str, ts: float, key: str | None = None) -> bool:
+        """An operator acknowledged the alert of ``object_id`` (here, or on another station through the retained
+        mark): every page stops alerting and shows who and when. False: it was acknowledged already."""
+        if not self.alerts.ack(object_id, by, ts):
+            return False
+        label = self.objects.get(object_id, {}).get("label", "object")
+        self.add_event(ts, "station", "alert", f"{label} {object_id} acknowledged by {by}", key=key)
+        self.record_action("ack", object_id, by, ts, {}, key=key)
+        return True
+
     def _unretire(self, node_id: str, now: float) -> None:
         self.retired.pop(node_id, None)
         self.add_event(now, node_id, "retired", "back: it spoke again after it was retired")
@@ -700,6 +730,10 @@ class FleetModel:
             if rollout:
                 self.rollouts[model] = rollout
         self.retired.update(restored.retired)
+        for object_id, ack in restored.acks.items():
+            self.alerts.ack(object_id, ack["by"], ack["ts"])
+        for obj in self.objects.values():  # known before the restart: alerting still only if nobody acknowledged
+            self.alerts.observe(obj, float(obj.get("received") or 0.0), restored=True)
         self._dirty_meta = True
 
     def take_journal(self) -> Batch | None:
@@ -743,6 +777,7 @@ class FleetModel:
             "events": list(self.events),
             "dropped": dict(self.dropped),
             "stale_s": self.stale_s,
+            "alerts": self.alerts.to_json(),
         }
 
     def take_delta(self, now: float | None = None) -> dict[str, Any] | None:
@@ -765,6 +800,7 @@ class FleetModel:
             or self._new_events
             or self._dirty_meta
             or self._removed_nodes
+            or self.alerts.changed
         ):
             return None
         delta: dict[str, Any] = {"ts": now}
@@ -779,6 +815,8 @@ class FleetModel:
             self._removed_nodes = set()
         if self._new_events:
             delta["events"] = self._new_events
+        if self.alerts.changed:
+            delta["alerts"] = self.alerts.take_changed()
         if self._dirty_meta:
             delta["broker"] = self.broker
             delta["dropped"] = dict(self.dropped)

@@ -10,7 +10,8 @@
     POST /api/rollouts/<model>/<action> promote (JSON {"percent": 50}) or halt; needs the header
                                         X-Edgerun-Confirm: <model> (a cross-site form cannot send it)
     GET  /ground                        the operator's ground image, if given
-    (and the map's basemap tiles, vendored Leaflet and the object exports: edgerun.station.map_routes)
+    (and the map's basemap tiles, vendored Leaflet and the object exports: edgerun.station.map_routes;
+    acknowledging an alert: edgerun.station.alert_routes)
 
 The doors, in the order a request meets them:
 
@@ -42,6 +43,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import ClientSession, ClientTimeout, web
 
 from edgerun.errors import ConfigError, EdgerunError
+from edgerun.station.alert_routes import AlertRoutes
 from edgerun.station.auth import LoginThrottle, Session, Sessions, UserFile, csrf_ok, dummy_hash, verify_password
 from edgerun.station.map_routes import MapRoutes
 from edgerun.station.station import ActionRefused, Station, render_boxes_jpeg
@@ -53,6 +55,7 @@ STATIC_FILES = {
     "index.html": "text/html",
     "station.js": "text/javascript",
     "station-map.js": "text/javascript",
+    "alerts.js": "text/javascript",
     "station.css": "text/css",
 }
 CLIENT_QUEUE = 64  # deltas a page may fall behind before it is cut off (and reconnects)
@@ -173,6 +176,7 @@ class StationServer:
         app.router.add_get("/api/objects/{object_id}/image", self._object_image)
         app.router.add_get("/ground", self._ground)
         self.map.add_to(app)
+        AlertRoutes(self.station, self.can_act).add_to(app)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:

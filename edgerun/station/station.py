@@ -32,9 +32,10 @@ from edgerun.ota.errors import Rejected
 from edgerun.ota.manifest import cohort_position
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.station.canary import CanaryPolicy, judge
-from edgerun.station.model import NODE_ID_RE, FleetModel, NodeView, payload_key
+from edgerun.station.model import NODE_ID_RE, OBJECT_ID_RE, FleetModel, NodeView, payload_key
 from edgerun.station.store import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, StationStore
 from edgerun.station.subscriber import FleetSubscriber
+from edgerun.station.webhook import AlertWebhook, alert_body
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ class ActionRefused(StationError):
     """A rollout action the station will not take (read-only, unknown release, bad percent)."""
 
     status = 403
+
+
+class UnknownAlert(ActionRefused):
+    """An acknowledgement of an object that raised no alert here."""
+
+    status = 404
 
 
 class ReleaseConflict(ActionRefused):
@@ -100,6 +107,11 @@ class StationOptions:
     # With a store, the broker keeps the station's session this long while it is down (MQTT 5 session expiry),
     # under a client id that stays the same for this host, store and page address; 0: a fresh session each start.
     session_expiry_s: int = 3600
+    # Alerts (edgerun/station/alerts.py): the labels that alert (empty: every label), where to POST each new one,
+    # and the page's URL as the webhook's receiver reaches it ("": the bind address).
+    alert_labels: list[str] = field(default_factory=list)
+    alert_webhook: str | None = None
+    page_url: str = ""
 
 
 def station_client_id(options: StationOptions) -> str:
@@ -113,7 +125,13 @@ class Station:
     def __init__(self, options: StationOptions) -> None:
         self.options = options
         self.origin = f"station-{uuid.uuid4().hex[:12]}"
-        self.model = FleetModel(stale_s=options.stale_s, origin=self.origin, journal=options.db is not None)
+        self.model = FleetModel(
+            stale_s=options.stale_s,
+            origin=self.origin,
+            journal=options.db is not None,
+            alert_labels=frozenset(options.alert_labels) if options.alert_labels else None,
+        )
+        self.webhook = AlertWebhook(options.alert_webhook) if options.alert_webhook else None
         self.store = (
             StationStore(options.db, max_age_s=options.db_max_age_s, max_bytes=options.db_max_bytes)
             if options.db is not None
@@ -185,6 +203,8 @@ class Station:
         ]
         if self.store is not None:
             self._tasks.append(asyncio.create_task(self._store_loop(), name="station-store"))
+        if self.webhook is not None:
+            self._tasks.append(asyncio.create_task(self.webhook.run(), name="station-webhook"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -236,6 +256,8 @@ class Station:
             mqtt=f"{self.options.mqtt_host}:{self.options.mqtt_port}",
             ground={"url": "/ground", "extent": self.options.ground_extent} if self.options.ground else None,
             truth=self.options.truth,
+            alert_counts=dict(self.model.alerts.counts),
+            webhook=self.webhook.stats() if self.webhook is not None else None,
         )
         return snap
 
@@ -255,6 +277,11 @@ class Station:
                 delta = self.model.take_delta(time.time())
                 if delta is not None and self.clients:
                     self.broadcast("delta", delta)
+                raised = self.model.alerts.take_raised()
+                if self.webhook is not None:
+                    page = self.options.page_url or self.page_url()
+                    for alert in raised:
+                        self.webhook.submit(alert_body(alert, page))
                 while self.model.came_back:
                     # Cleared, so a station started later does not retire it again from the old mark.
                     self.subscriber.publish_retained(wire.retired_topic(self.model.came_back.pop()), b"")
@@ -436,6 +463,32 @@ class Station:
         if not self.subscriber.publish_retained(wire.retired_topic(node_id), payload):
             log.warning("station: retiring %s: not connected to the broker; other stations will not know", node_id)
         return self.model.retire(node_id, mark.ts, mark.by, mark.reason, key=payload_key(payload))
+
+    # -- alerts --------------------------------------------------------------------------------
+
+    def ack(self, object_id: str, by: str = "operator") -> dict[str, Any]:
+        """Acknowledge the alert of ``object_id`` here and, through a retained mark on the broker, on every station
+        (stored as an operator action). Acknowledged already: the first acknowledgement stands and is returned."""
+        if not OBJECT_ID_RE.match(object_id):
+            raise ActionRefused(f"ack: {object_id[:80]!r} is not an object id")
+        alert = self.model.alerts.alerts.get(object_id)
+        if alert is None:
+            raise UnknownAlert(f"ack: no alert for object {object_id!r}")
+        if alert["acked_by"] is None:
+            mark = wire.AlertAck(object=object_id, ts=time.time(), by=by[:128])
+            payload = msgspec.json.encode(mark)
+            if not self.subscriber.publish_retained(wire.ack_topic(object_id), payload):
+                log.warning("station: ack of %s: not connected to the broker; other stations will not know", object_id)
+            self.model.ack(object_id, mark.by, mark.ts, key=payload_key(payload))
+        return {"object": object_id, "acked_by": alert["acked_by"], "acked_ts": alert["acked_ts"]}
+
+    def page_url(self) -> str:
+        host = self.options.bind_host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.gethostname()
+        host = f"[{host}]" if ":" in host else host
+        scheme = "https" if self.options.tls_cert else "http"
+        return f"{scheme}://{host}:{self.options.bind_port}"
 
     # -- snapshots of one node ----------------------------------------------------------
 

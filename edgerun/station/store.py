@@ -164,6 +164,7 @@ class Restored:
     rollouts: dict[str, tuple[bytes | None, bytes | None]]
     retired: dict[str, dict[str, Any]]  # node -> the retire action still in force (no word from the node since)
     images: dict[str, dict[str, Any]]  # object id -> the image's metadata (not the JPEG)
+    acks: dict[str, dict[str, Any]] = field(default_factory=dict)  # object id -> its alert's first ack {"by", "ts"}
 
 
 def default_db_path() -> Path:
@@ -443,6 +444,12 @@ class StationStore:
                 .where(actions.c.kind == "retire")
                 .order_by(actions.c.ts)
             ).all()
+            ack_rows = conn.execute(
+                sa.select(actions.c.target, actions.c.ts, actions.c.by)
+                .where(actions.c.kind == "ack")
+                .order_by(actions.c.ts.desc())
+                .limit(max_objects * 2)
+            ).all()
             image_rows = conn.execute(
                 sa.select(object_images.c.object_id, object_images.c.node, object_images.c.score, object_images.c.ts)
             ).all()
@@ -468,6 +475,7 @@ class StationStore:
             rollouts={model: (release, rollout) for model, release, rollout in rollout_rows},
             retired=retired,
             images={oid: {"node": n, "score": s, "ts": ts} for oid, n, s, ts in image_rows},
+            acks={target: {"by": by, "ts": ts} for target, ts, by in ack_rows},  # newest first: the oldest wins
         )
 
     def image(self, object_id: str) -> bytes | None:

@@ -355,3 +355,13 @@ def test_the_swarm_demo_publishes_through_the_acl_broker(broker: FleetBroker, cl
     objects = [json.loads(p) for p in station.payloads("edgerun/fleet/objects")]
     assert objects and {o["owner"] for o in objects} <= {d.node_id for d in crew}, objects
     assert summary["fleet_objects"] >= 1, summary  # dedup quality is test_demo's; here: the objects got through
+
+
+def test_the_station_acknowledges_alerts_and_a_node_cannot(clients: Any) -> None:
+    """The retained ack marks of the station's alerts (edgerun/fleet/acks/<object id>): station yes, node no."""
+    operator = clients("operator").subscribe("edgerun/fleet/acks/#")
+    station, node = clients("station"), clients("drone-a")
+    ack = _marker()
+    assert not station.publish("edgerun/fleet/acks/00000000000000a1", ack, retain=True).is_failure
+    assert wait_for(lambda: ack in operator.payloads("edgerun/fleet/acks/00000000000000a1"), 20), operator.topics()
+    assert node.publish("edgerun/fleet/acks/00000000000000a2", _marker(), retain=True).is_failure

@@ -22,6 +22,7 @@ function applySnapshot(snap) {
   for (const [id, n] of Object.entries(S.nodes)) S.trails[id] = (n.trail || []).map((p) => [p[0], p[1], 0]);
   S.bounds = null;
   S.dirty = true; renderRollouts();
+  if (typeof alertsApply === "function") alertsApply(snap, true);  // alerts.js
 }
 
 function applyDelta(d) {
@@ -41,6 +42,7 @@ function applyDelta(d) {
   if (d.events) { S.events.push(...d.events); if (S.events.length > 300) S.events.splice(0, S.events.length - 300); }
   if (d.broker) S.broker = d.broker;
   S.dirty = true;
+  if (typeof alertsApply === "function") alertsApply(d, false);  // alerts.js
 }
 
 // -- the operator's session: who is logged in, and the CSRF token every POST carries ---------------------------
@@ -193,7 +195,9 @@ function renderNodes() {
   });
   $("nodes").tBodies[0].innerHTML = rows.join("") || `<tr><td colspan="11" class="muted">no node heard yet</td></tr>`;
   const objects = Object.values(S.objects).sort((a, b) => (b.last_seen || 0) - (a.last_seen || 0)).slice(0, 200);
+  const alertCell = typeof alertsCell === "function" ? alertsCell : () => "";  // alerts.js: new, or who acknowledged
   $("objects").tBodies[0].innerHTML = objects.map((o) => `<tr data-id="${esc(o.id)}"><td>${esc(o.label)}</td>
+    <td class="alert-state">${alertCell(o.id)}</td>
     <td>${esc(o.owner || "-")}</td><td>${clock(o.first_seen)}</td><td class="num">${o.seen_count}</td>
     <td class="latlon">${o.lat != null ? `${o.lat.toFixed(6)}, ${o.lon.toFixed(6)}` : "-"}</td>
     <td>${o.east_m != null ? `${fmt(o.east_m)}, ${fmt(o.north_m)}` : "-"}</td></tr>`).join("");
