@@ -218,3 +218,150 @@ def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_pat
         finally:
             station.terminate()
             station.wait(10)
+
+
+N_OBJECTS = 200
+ANCHOR = (53.1170, -4.1300, 120.0)  # the replay scene's field near Llanberis: [lat, lon, alt_m]
+
+
+def find_pictures(count: int) -> list[bytes]:
+    """Real JPEG crops (scikit-image's photos, as a node crops its finds: longest side <= 320 px)."""
+    import cv2
+    from skimage import data
+
+    photos = [cv2.cvtColor(p, cv2.COLOR_RGB2BGR) for p in (data.astronaut(), data.chelsea(), data.coffee())]
+    out = []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        h, w = photo.shape[:2]
+        x, y = (37 * i) % (w - 240), (53 * i) % (h - 200)
+        crop = cv2.resize(photo[y : y + 200, x : x + 240], (320, 267))
+        ok, jpeg = cv2.imencode(".jpg", crop, [cv2.IMWRITE_JPEG_QUALITY, 85])
+        assert ok
+        out.append(jpeg.tobytes())
+    return out
+
+
+def fleet_object(i: int, owner: str, now: float) -> bytes:
+    east, north = 20.0 + (i % 20) * 9.0, 20.0 + (i // 20) * 9.0
+    lat = ANCHOR[0] + north / 111_320.0
+    lon = ANCHOR[1] + east / (111_320.0 * math.cos(math.radians(ANCHOR[0])))
+    return json.dumps(
+        {
+            "schema": "edgerun.object/2",
+            "id": f"{i + 1:016x}",
+            "label": "person" if i % 3 else "face",
+            "lat": lat,
+            "lon": lon,
+            "alt_m": ANCHOR[2],
+            "uncertainty_m": 0.5,
+            "first_seen": now - 5,
+            "last_seen": now,
+            "score": 0.8,
+            "owner": owner,
+            "seen_by": [owner],
+            "ts": now,
+            "east_m": east,
+            "north_m": north,
+            "origin": list(ANCHOR),
+        }
+    ).encode()
+
+
+@pytest.mark.timeout(240)
+def test_two_hundred_finds_with_pictures_reach_the_page_and_the_store(browser, tmp_path):  # noqa: F811
+    """50 nodes at 15 fps and 200 fleet objects with their pictures (real JPEGs, as nodes publish them): every
+    find reaches the page with its picture and alert, the store keeps them; timings and sizes are written to
+    ``station-finds-load.json`` (``EDGERUN_STATION_FINDS_BENCH``), none asserted."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    db = tmp_path / "station.db"
+    pictures = find_pictures(N_OBJECTS)
+    with run_mosquitto() as broker:
+        port = free_port()
+        station = subprocess.Popen(
+            [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
+             "--bind", f"127.0.0.1:{port}", "--db", str(db)],
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / "station.log").open("w"),
+            text=True,
+        )  # fmt: skip
+        try:
+            assert "station: http://127.0.0.1:" in station.stdout.readline()
+            client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+            client.max_queued_messages_set(0)
+            client.connect("127.0.0.1", broker.port)
+            client.loop_start()
+            nodes = [f"n{i:02d}" for i in range(N_NODES)]
+            cpu0 = cpu_seconds(station.pid)
+            t0 = time.monotonic()
+            seq = 0
+            while time.monotonic() - t0 < SECONDS:
+                now = time.time()
+                for node in nodes:
+                    client.publish(f"edgerun/{node}/detections", detections(node, seq, now))
+                # the finds come in over the run, each with its picture, as their owners report them
+                for i in range(seq * N_OBJECTS // int(SECONDS * FPS), (seq + 1) * N_OBJECTS // int(SECONDS * FPS)):
+                    owner = nodes[i % N_NODES]
+                    client.publish(f"edgerun/fleet/objects/{i + 1:016x}", fleet_object(i, owner, now), 1, retain=True)
+                    props = Properties(PacketTypes.PUBLISH)
+                    props.UserProperty = [("node", owner), ("score", "0.8"), ("box", "100,100,160,170"),
+                                          ("ts", repr(now))]  # fmt: skip
+                    client.publish(f"edgerun/fleet/objects/{i + 1:016x}/image", pictures[i], 1, True, props)
+                seq += 1
+                time.sleep(max(0.0, t0 + seq / FPS - time.monotonic()))
+            elapsed = time.monotonic() - t0
+            station_cpu = (cpu_seconds(station.pid) - cpu0) / elapsed
+            client.disconnect()
+            client.loop_stop()
+
+            driver = browser
+            driver.get(f"http://127.0.0.1:{port}/")
+            rows = "return document.querySelectorAll('#objects tbody tr[data-id]').length"
+            assert wait_for(lambda: driver.execute_script(rows) == N_OBJECTS, 60), driver.execute_script(rows)
+            snapshot = json.loads(urllib_get(port, "/api/snapshot"))
+            with_picture = [o for o in snapshot["objects"] if o.get("image_url")]
+            assert len(with_picture) == N_OBJECTS
+            # a picture the page links is the one the node published, byte for byte
+            sample = with_picture[7]
+            assert urllib_get(port, sample["image_url"]) == pictures[int(sample["id"], 16) - 1]
+            render_ms = driver.execute_script("""
+                const t0 = performance.now(); renderMaps(); renderNodes(); renderHeader();
+                if (typeof alertsRender === "function") alertsRender();
+                return performance.now() - t0;""")
+            markers = driver.execute_script("return document.querySelectorAll('#geomap .leaflet-marker-icon').length")
+            assert markers > 0, "the lat/lon map shows the finds (single or clustered)"
+            station.terminate()
+            station.wait(10)
+            db_bytes = sum(p.stat().st_size for p in tmp_path.glob("station.db*"))
+            out = Path(os.environ.get("EDGERUN_STATION_FINDS_BENCH") or tmp_path / "station-finds-load.json")
+            out.write_text(
+                json.dumps(
+                    {
+                        "nodes": N_NODES,
+                        "fps_per_node": FPS,
+                        "objects_with_pictures": N_OBJECTS,
+                        "picture_bytes_mean": round(sum(map(len, pictures)) / len(pictures)),
+                        "seconds": round(elapsed, 2),
+                        "station_cpu_percent_of_one_core": round(100 * station_cpu, 1),
+                        "page_redraw_ms": round(render_ms, 1),
+                        "map_marker_elements": markers,
+                        "store_bytes": db_bytes,
+                    },
+                    indent=2,
+                )
+            )
+        finally:
+            if station.poll() is None:
+                station.terminate()
+                station.wait(10)
+
+
+def urllib_get(port: int, path: str) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", path)
+    body = conn.getresponse().read()
+    conn.close()
+    return body
