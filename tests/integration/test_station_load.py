@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,35 +100,45 @@ class SseCounter(threading.Thread):
         conn.close()
 
 
+def start_station(broker_port: int, port: int, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    """The real station on the test's broker, once it says where it serves; its log in ``station.log``."""
+    station = subprocess.Popen(
+        [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
+         "--bind", f"127.0.0.1:{port}", *extra],
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "station.log").open("w"),
+        text=True,
+    )  # fmt: skip
+    assert station.stdout is not None
+    first = station.stdout.readline()
+    if "station: http://127.0.0.1:" not in first:
+        station.kill()
+        station.wait(10)
+    assert "station: http://127.0.0.1:" in first, (tmp_path / "station.log").read_text()[-2000:]
+    return station
+
+
+def publisher(broker_port: int) -> Any:
+    """A paho MQTT 5 client standing in for the fleet's nodes, connected, its network loop running."""
+    import paho.mqtt.client as mqtt
+
+    client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.max_queued_messages_set(0)
+    client.connect("127.0.0.1", broker_port)
+    client.loop_start()
+    return client
+
+
 @pytest.mark.timeout(240)
 def test_fifty_nodes_are_throttled_and_a_broker_outage_is_shown(browser, tmp_path):  # noqa: F811
-    import paho.mqtt.client as mqtt
 
     with run_mosquitto() as broker:
         port = free_port()
-        station = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "edgerun",
-                "station",
-                "--mqtt",
-                f"127.0.0.1:{broker.port}",
-                "--bind",
-                f"127.0.0.1:{port}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=(tmp_path / "station.log").open("w"),
-            text=True,
-        )
+        station = start_station(broker.port, port, tmp_path)
         try:
-            assert "station: http://127.0.0.1:" in station.stdout.readline()
             counter = SseCounter(port)
             counter.start()
-            client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-            client.max_queued_messages_set(0)
-            client.connect("127.0.0.1", broker.port)
-            client.loop_start()
+            client = publisher(broker.port)
             nodes = [f"n{i:02d}" for i in range(N_NODES)]
             cpu0 = cpu_seconds(station.pid)
             t0 = time.monotonic()
@@ -273,7 +284,6 @@ def test_two_hundred_finds_with_pictures_reach_the_page_and_the_store(browser, t
     """50 nodes at 15 fps and 200 fleet objects with their pictures (real JPEGs, as nodes publish them): every
     find reaches the page with its picture and alert, the store keeps them; timings and sizes are written to
     ``station-finds-load.json`` (``EDGERUN_STATION_FINDS_BENCH``), none asserted."""
-    import paho.mqtt.client as mqtt
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
@@ -281,19 +291,9 @@ def test_two_hundred_finds_with_pictures_reach_the_page_and_the_store(browser, t
     pictures = find_pictures(N_OBJECTS)
     with run_mosquitto() as broker:
         port = free_port()
-        station = subprocess.Popen(
-            [sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker.port}",
-             "--bind", f"127.0.0.1:{port}", "--db", str(db)],
-            stdout=subprocess.PIPE,
-            stderr=(tmp_path / "station.log").open("w"),
-            text=True,
-        )  # fmt: skip
+        station = start_station(broker.port, port, tmp_path, "--db", str(db))
         try:
-            assert "station: http://127.0.0.1:" in station.stdout.readline()
-            client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-            client.max_queued_messages_set(0)
-            client.connect("127.0.0.1", broker.port)
-            client.loop_start()
+            client = publisher(broker.port)
             nodes = [f"n{i:02d}" for i in range(N_NODES)]
             cpu0 = cpu_seconds(station.pid)
             t0 = time.monotonic()
