@@ -309,6 +309,30 @@ class TracingConfig(Section):
     max_queue_spans: PositiveInt = 4096  # spans waiting for export; beyond this they are dropped, never blocking
 
 
+class OffloadConfig(Section):
+    """Borrowing a neighbour's engine (edgerun.offload, docs/offload.md); needs swarm.enabled."""
+
+    # "never": every frame here. "auto": when the local engine cannot keep up with the source (or a helper is
+    # clearly faster), surplus frames go to the best neighbour serving the same model. "always": the helper
+    # first, the local engine takes what overflows and every frame while no helper is healthy.
+    mode: Literal["never", "auto", "always"] = "never"
+    # Serve this node's model for neighbours (advertised in the swarm metadata with the spare capacity).
+    serve: bool = False
+    # host:port the helper side listens on; empty: the swarm's host, any free port (the port is gossiped).
+    bind: str = ""
+    window: PositiveInt = 4  # frames in flight to the helper at once
+    # A frame whose result is not back this long after it was sent is late: dropped and counted.
+    deadline_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 500.0
+    codec: Literal["jpeg", "zstd"] = "jpeg"  # how the model-size frame travels (docs/offload.md: bytes per frame)
+    jpeg_quality: Annotated[int, msgspec.Meta(ge=1, le=100)] = 90
+    serve_workers: PositiveInt = 1  # neighbours' frames inferred at once here
+    serve_queue: PositiveInt = 8  # neighbours' frames waiting here; beyond it they are answered "busy"
+    # auto: a helper is used while the source's frame rate is above this share of what the local engine
+    # can do, and let go below ``release_load`` of it (the gap is the hysteresis).
+    engage_load: PositiveFloat = 0.9
+    release_load: PositiveFloat = 0.7
+
+
 class Config(Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
@@ -321,6 +345,7 @@ class Config(Section):
     swarm: SwarmConfig = msgspec.field(default_factory=SwarmConfig)
     mcu: McuConfig = msgspec.field(default_factory=McuConfig)
     tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
+    offload: OffloadConfig = msgspec.field(default_factory=OffloadConfig)
 
     @property
     def node_id(self) -> str:
@@ -504,6 +529,11 @@ def _check_semantics(cfg: Config) -> None:
     mqtt = cfg.sinks.mqtt
     if bool(mqtt.tls_cert) != bool(mqtt.tls_key):
         raise ConfigError("sinks.mqtt.tls_key: tls_cert and tls_key must be given together")
+    offload = cfg.offload
+    if (offload.mode != "never" or offload.serve) and not cfg.swarm.enabled:
+        raise ConfigError("offload: needs swarm.enabled (helpers are found and keyed through the swarm)")
+    if offload.release_load >= offload.engage_load:
+        raise ConfigError("offload.release_load: expected < offload.engage_load")
     tracing = cfg.tracing
     if tracing.enabled and not re.match(r"^https?://[^/\s]+(/\S*)?$", tracing.endpoint):
         raise ConfigError(f"tracing.endpoint: expected an http:// or https:// URL, got {tracing.endpoint!r}")

@@ -24,11 +24,13 @@ from edgerun.config import Config
 from edgerun.engines.factory import open_failover
 from edgerun.engines.failover import Failover
 from edgerun.engines.runtime import ModelRuntime
-from edgerun.errors import SourceError
+from edgerun.errors import ConfigError, SourceError
 from edgerun.fleet.member_meta import MemberMeta
-from edgerun.fleet.service import FleetMember
+from edgerun.fleet.service import FleetMember, parse_hostport
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
+from edgerun.offload.capabilities import spare_fps
+from edgerun.offload.lane import LocalEngineRate
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import Served, ServingController
 from edgerun.pipeline.stats import PipelineStats
@@ -115,6 +117,9 @@ class Node:
         self.pose_source: Any = None  # edgerun.sources.pose_mavlink.MavlinkPoseSource when source.pose is set
         self.mcu: Any = None  # edgerun.mcu.bridge.McuBridge when mcu.enabled
         self.tracer: Any = None  # edgerun.tracing.FrameTracer when tracing.enabled
+        self.offload: Any = None  # edgerun.offload.lane.OffloadLane when offload.mode is not "never"
+        self.offload_server: Any = None  # edgerun.offload.server.OffloadServer when offload.serve
+        self._local_engine = LocalEngineRate()  # what the local engine can do, for offload and capabilities
         self._sink_keys: list[str] = []
         self.source: Source | None = None
         self._source_error = ""  # why the source did not open at start ("" when it did)
@@ -357,7 +362,8 @@ class Node:
                 queue_depth=cfg.pipeline.queue_depth,
                 policy=cfg.pipeline.policy,
                 stage_threads=cfg.pipeline.stage_threads,
-                workers=failover.concurrency(),
+                # Workers beyond the engine's calls wait at its gate, or send frames to a helper (offload window).
+                workers=failover.concurrency() + (cfg.offload.window if cfg.offload.mode != "never" else 0),
                 pace_fps=cfg.source.fps,
                 reopen_backoff_s=cfg.source.reopen_backoff_s,
                 reopen_backoff_max_s=cfg.source.reopen_backoff_max_s,
@@ -392,6 +398,8 @@ class Node:
                 await self._start_pose()
             if self.cfg.swarm.enabled:
                 await self._start_fleet()
+            if self.cfg.offload.mode != "never" or self.cfg.offload.serve:
+                await self._start_offload()
             if self.cfg.mcu.enabled:
                 await self._start_mcu()
             # After the sinks: the failover's first event reports how the engines started.
@@ -539,6 +547,67 @@ class Node:
             self.pipeline.find_cropper = fleet.cropper  # crops of finds, taken while the frame is still held
         self._services.push_async_callback(fleet.stop)  # before the sinks close: the leave is announced
 
+    async def _start_offload(self) -> None:
+        """Serve this node's model for neighbours, and/or send frames to a neighbour that serves it (#25)."""
+        from edgerun.offload.client import OffloadClient
+        from edgerun.offload.lane import OffloadLane
+        from edgerun.offload.model_server import ModelServer
+        from edgerun.offload.server import OffloadServer
+
+        cfg, fleet, pipeline = self.cfg.offload, self.fleet, self.pipeline
+        assert fleet is not None and pipeline is not None  # config checks: offload needs swarm.enabled
+        if cfg.serve:
+            bind = parse_hostport(cfg.bind, "offload.bind") if cfg.bind else (fleet.bind[0], 0)
+            server = OffloadServer(
+                fleet.keyring,
+                self.node_id,
+                ModelServer(self.serving, self.node_id, tracer=self.tracer).serve,
+                workers=cfg.serve_workers,
+                max_queue=cfg.serve_queue,
+            )
+            try:
+                host, port = await server.start(bind)
+            except OSError as err:
+                raise ConfigError(f"offload.bind: cannot listen on {bind[0]}:{bind[1]} ({err.strerror or err})") from None
+            self.offload_server = server
+            self._services.push_async_callback(server.close)
+            log.info("offload: serving %s for neighbours on %s:%d", self.model_name, host, port)
+        if cfg.mode != "never":
+            client = OffloadClient(fleet.keyring, self.node_id, window=cfg.window)
+            lane = OffloadLane(
+                cfg,
+                client,
+                asyncio.get_running_loop(),
+                pipeline.engine_slots,
+                model_hash=lambda: self.model_hash,
+                tracer=self.tracer,
+            )
+            self.offload = lane
+            pipeline.offload = lane
+            self._services.push_async_callback(client.close)
+        self._start_task(self._offload_loop())
+
+    async def _offload_loop(self, period_s: float = 1.0) -> None:
+        """Once a second: measure what the local engine can do, and let the lane pick (or drop) a helper."""
+        from edgerun.offload.capabilities import candidates_from_members
+
+        fleet = self.fleet
+        assert fleet is not None
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            rate = self._local_engine.update(self.stats, now)
+            lane, agent = self.offload, fleet.agent
+            if lane is None or agent is None:
+                continue
+            candidates = candidates_from_members(agent.members(), self.node_id, self.model_hash, agent.rtt_ms)
+            capacity = rate.capacity_fps(self.pipeline.engine_slots.limit if self.pipeline else 1)
+            lane.update(candidates, now, local_capacity_fps=capacity, source_fps=rate.source_fps)
+
+    @property
+    def model_hash(self) -> str:
+        return self.pipeline.runtime.model.hash if self.pipeline else ""
+
     def _publish_object(self, payload: dict[str, Any], on_published: Callable[[], None] | None = None) -> None:
         """A fleet object to every sink; ``on_published`` once it is known published: on the broker's PUBACK
         where a sink confirms (MQTT), else as soon as the sinks took it (JSON Lines, DDS: nothing to confirm)."""
@@ -569,6 +638,14 @@ class Node:
             health=self.health.state,
             fps=round(self.fps(), 1),
         )
+        server = self.offload_server
+        if server is not None and server.address is not None:
+            engine_ms = self._local_engine.infer_ms
+            meta.serve_hash, meta.serve_port = self.model_hash, server.address[1]
+            meta.infer_ms = round(engine_ms, 1)
+            meta.queue = server.queue
+            calls = self.pipeline.engine_slots.limit if self.pipeline else 1
+            meta.spare_fps = spare_fps(calls, engine_ms, self.fps(), server.served_fps)
         if pose is not None:
             meta.east, meta.north, meta.up = round(pose.east_m, 2), round(pose.north_m, 2), round(pose.up_m, 2)
             meta.yaw, meta.hfov = round(pose.yaw_deg, 1), round(pose.hfov_deg, 1)
@@ -658,7 +735,18 @@ class Node:
             },
             # where /healthz and /snapshot.jpg answer: the ground station shows a node's live frame from it
             "http": f"{self.cfg.service.http_host}:{self.http_port}" if self.http_port else None,
+            **self._offload_summary(),
         }
+
+    def _offload_summary(self) -> dict[str, Any]:
+        """Frames sent to a helper and what became of them; frames served for neighbours."""
+        out: dict[str, Any] = {}
+        if self.offload is not None:
+            out["offload"] = {**self.offload.describe(), "offloaded": self.stats.offloaded}
+        if self.offload_server is not None:
+            server = self.offload_server
+            out["offload_served"] = {**server.stats, "served_fps": round(server.served_fps, 2)}
+        return out
 
 
 def run_node(cfg: Config, seconds: float | None = None, *, test_control: str | None = None) -> int:

@@ -34,6 +34,11 @@ class FrameLost(Exception):
         self.reason = reason
 
 
+class ServeLocally(Exception):
+    """Raised by the offload lane for a frame no helper took (none chosen, refused, busy, window full):
+    nothing was lost, the frame is served by the local engine instead."""
+
+
 @dataclass(slots=True)
 class ModelInfo:
     """What each batch says about the model that produced it."""
@@ -41,6 +46,8 @@ class ModelInfo:
     name: str
     version: int
     labels: tuple[str, ...]
+    # What neighbours match before serving each other's frames (edgerun.offload): ModelBundle.content_hash.
+    hash: str = ""
 
 
 class ModelRuntime:

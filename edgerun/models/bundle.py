@@ -8,6 +8,7 @@ what every node can fall back to (``ModelBundle.cpu_engine``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import lzma
 import os
@@ -84,6 +85,19 @@ class ModelBundle:
     def cpu_engine(self) -> str:
         """The back end of the CPU fallback: the first of ``CPU_ENGINES`` the bundle has a variant for."""
         return next(key for key in CPU_ENGINES if key in self.manifest.variants)
+
+    @functools.cached_property
+    def content_hash(self) -> str:
+        """16 hex chars naming what this model computes: the CPU variant's weights and the manifest's
+        name, version, labels, preprocessing and decoder. Two nodes whose hashes match can serve each
+        other's frames (edgerun.offload); accelerator variants may differ (a Coral and a CPU node agree)."""
+        digest = hashlib.sha256()
+        m = self.manifest
+        described = {"name": m.name, "version": m.version, "task": m.task, "labels": m.labels}
+        digest.update(msgspec.json.encode([described, m.preprocess, m.decoder]))
+        cpu = self.variant_path(self.cpu_engine)
+        digest.update(file_sha256(cpu).encode() if cpu is not None else b"")
+        return digest.hexdigest()[:16]
 
     def variant_path(self, engine_key: str) -> Path | None:
         """The model file for a back end, or None when the bundle has no such variant."""

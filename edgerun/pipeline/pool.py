@@ -49,6 +49,9 @@ class FrameSlot:
     engine_key: str = ""
     ticket: int = -1  # output order, given when a worker takes the frame; -1 before
     whole: bool = False  # separate layout on a CPU engine: one infer thread does the whole frame
+    remote: bool = False  # sent to a helper (edgerun.offload): it infers and decodes, this node publishes
+    remote_detections: Any = None  # the helper's Detections, normalised to the model input like a decoder's
+    trace: Any = None  # edgerun.tracing.FrameTraceIds when the frame's trace was begun before publishing
     # Keyed by the runtime object itself (not id()), so a dead runtime's id cannot be reused.
     _buffers: dict[Any, tuple[np.ndarray, list[np.ndarray]]] = field(default_factory=dict)
 
@@ -88,6 +91,9 @@ class FramePool:
         slot.runtime = None
         slot.ticket = -1
         slot.whole = False
+        slot.remote = False
+        slot.remote_detections = None
+        slot.trace = None
         with self._cond:
             self._free.append(slot)
             self._cond.notify()

@@ -36,13 +36,13 @@ import numpy as np
 
 from edgerun.backoff import backoff_delay
 from edgerun.decoders.base import output_fault
-from edgerun.engines.runtime import FrameLost, ModelRuntime, ProblemReporter
+from edgerun.engines.runtime import FrameLost, ModelRuntime, ProblemReporter, ServeLocally
 from edgerun.errors import SourceError
-from edgerun.pipeline.admission import EngineSlots
+from edgerun.pipeline.admission import REMOTE, EngineSlots
 from edgerun.pipeline.pool import BLOCK, DROP_NEWEST, FramePool, FrameSlot, Handoff
 from edgerun.pipeline.stats import PipelineStats
 from edgerun.sources.base import Source
-from edgerun.types import DetectionBatch
+from edgerun.types import DetectionBatch, Detections
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,18 @@ class InferGuard(Protocol):
     """
 
     def infer(self, runtime: ModelRuntime, tensor: np.ndarray, outputs: list[np.ndarray]) -> None: ...
+
+
+class RemoteInfer(Protocol):
+    """Sends a frame to a helper and returns its detections (``edgerun.offload.lane.OffloadLane``).
+
+    Called from a worker that holds a remote slot (``EngineSlots``), with the frame letterboxed to the
+    model input. Returns the detections, normalised to the model input as a decoder's are, and the
+    helper's name; raises ``FrameLost`` for a frame that was sent and is gone (late, lost: counted) and
+    ``ServeLocally`` for one no helper took (the local engine serves it).
+    """
+
+    def infer(self, pixels: np.ndarray, slot: FrameSlot) -> tuple[Detections, str]: ...
 
 
 @dataclass(slots=True)
@@ -242,6 +254,9 @@ class Pipeline:
         self.snapshot = Snapshot(settings.snapshot_interval_s)
         # edgerun.fleet.find_images.FindCropper when the swarm wants pictures of finds (set once serving)
         self.find_cropper: Any = None
+        # edgerun.offload.lane.OffloadLane when the node may send frames to a helper (set once serving); the
+        # lane opens the remote slots of ``engine_slots`` while a helper is chosen.
+        self.offload: RemoteInfer | None = None
         self.workers = settings.workers or max(1, int(getattr(runtime.engine, "concurrent_calls", 1)))
         # Copies 0..workers-1 belong to the workers (fused) or infer threads; copy ``workers`` to the
         # preprocess and decode threads of the separate layout, which run beside them.
@@ -581,6 +596,40 @@ class Pipeline:
             stats.last_inference = t1
         return True
 
+    def _infer_remote(self, slot: FrameSlot, worker: int) -> bool | None:
+        """Send the frame to the helper; True when its detections came back, False when the frame was lost
+        (counted, slot released), None when no helper took it and the local engine is to serve it."""
+        offload = self.offload
+        slot.remote = False
+        if offload is None:
+            return None
+        stats = self.stats
+        t0 = time.monotonic()
+        pixels = slot.runtime.preprocessors[worker].letterboxed(slot.image)
+        slot.t_preprocessed = t1 = time.monotonic()
+        try:
+            detections, helper = offload.infer(pixels, slot)
+        except ServeLocally:
+            return None
+        except FrameLost as lost:
+            self._lose(slot, lost.reason)
+            return False
+        except Exception as err:  # a fault in the lane loses this frame, never the worker
+            self._lose(slot, "error")
+            self._log_infer_error(err)
+            return False
+        slot.remote = True
+        slot.remote_detections = detections
+        slot.t_inferred = t2 = time.monotonic()
+        slot.engine_key = f"remote:{helper}"
+        with stats.lock:
+            stats.stages["preprocess"].record(t1 - t0)
+            stats.stages["offload"].record(t2 - t1)
+            stats.inferred += 1
+            stats.offloaded += 1
+            stats.last_inference = t2
+        return True
+
     def _lose(self, slot: FrameSlot, reason: str) -> None:
         self.stats.drop("infer", reason)
         ticket = slot.ticket
@@ -591,7 +640,9 @@ class Pipeline:
         t0 = time.monotonic()
         runtime = slot.runtime
         decoder, model, letterbox = runtime.decoders[worker], runtime.model, runtime.preprocessor.letterbox
-        detections = decoder.decode(slot.outputs)
+        remote = slot.remote_detections
+        # A frame a helper served comes back decoded (normalised to the model input, as a decoder returns).
+        detections = remote if remote is not None else decoder.decode(slot.outputs)
         fault = output_fault(detections, len(model.labels) or decoder.label_count or 0)
         if fault is not None:
             self._bad_output(slot, fault)
@@ -669,12 +720,15 @@ class Pipeline:
                     slot = inp.get()
                     if slot is None:
                         break
+                    slot.remote = token == REMOTE
                     if slot.whole:
                         with self.stats.lock:
                             self.whole_frames += 1
                         self._whole_frame(slot, worker, bind=False)
                         continue
-                    inferred = self._infer_one(slot)
+                    inferred = self._infer_remote(slot, worker) if slot.remote else None
+                    if inferred is None:
+                        inferred = self._infer_one(slot)
                 finally:
                     slots.release(token)
                 if inferred:
@@ -699,7 +753,17 @@ class Pipeline:
             self.finished.set()
 
     def _whole_frame(self, slot: FrameSlot, worker: int, bind: bool = True) -> None:
-        """Preprocess, infer and decode one frame on this thread, with ``worker``'s copies."""
+        """Preprocess, infer and decode one frame on this thread, with ``worker``'s copies (or send it to the
+        helper when the worker holds a remote slot)."""
+        if slot.remote:
+            if bind:
+                slot.bind(self.runtime)
+            done = self._infer_remote(slot, worker)
+            if done is not None:
+                if done:
+                    self._decode_one(slot, worker)
+                return
+            bind = False
         self._preprocess_one(slot, worker, bind=bind)
         if self._infer_one(slot):
             self._decode_one(slot, worker)
@@ -730,6 +794,7 @@ class Pipeline:
                         if slot is None:
                             break
                         slot.ticket = self._in_order.ticket()
+                    slot.remote = token == REMOTE
                     self._whole_frame(slot, worker)
                 finally:
                     slots.release(token)

@@ -64,12 +64,14 @@ class StageStats:
 class PipelineStats:
     """Everything the pipeline counts, shared by its threads and read by the service."""
 
-    STAGES = ("capture", "preprocess", "infer", "decode")
+    # "offload": a frame's round trip to a helper (edgerun.offload); "infer" is the local engine's calls only.
+    STAGES = ("capture", "preprocess", "infer", "offload", "decode")
 
     def __init__(self) -> None:
         self.stages = {name: StageStats(name) for name in self.STAGES}
         self.captured = 0
         self.inferred = 0
+        self.offloaded = 0  # of those inferred, frames a helper served (edgerun.offload)
         self.published = 0
         self.detections = 0
         self.source_errors = 0
