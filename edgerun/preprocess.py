@@ -123,14 +123,20 @@ class Preprocessor:
         """The same preprocessing with its own scratch buffers, for another worker thread."""
         return Preprocessor(*self._args)
 
-    def __call__(self, image: np.ndarray, tensor: np.ndarray) -> None:
-        """Fill ``tensor`` (shape of the model input, batch 1) from ``image`` (H, W, 3 uint8 BGR)."""
+    def letterboxed(self, image: np.ndarray) -> np.ndarray:
+        """``image`` (H, W, 3 uint8 BGR) resized and padded to the model input size, still BGR uint8: what an
+        offloaded frame carries. The result is this preprocessor's scratch buffer, valid until the next call."""
         lb = self.letterbox
         if self._double is not None:
             cv2.resize(image, (2 * lb.new_w, 2 * lb.new_h), dst=self._double, interpolation=cv2.INTER_LINEAR)
             cv2.resize(self._double, (lb.new_w, lb.new_h), dst=self._roi, interpolation=cv2.INTER_AREA)
         else:
             cv2.resize(image, (lb.new_w, lb.new_h), dst=self._roi, interpolation=cv2.INTER_LINEAR)
+        return self._resized
+
+    def __call__(self, image: np.ndarray, tensor: np.ndarray) -> None:
+        """Fill ``tensor`` (shape of the model input, batch 1) from ``image`` (H, W, 3 uint8 BGR)."""
+        self.letterboxed(image)
         out = tensor[0]
         if self._mode == "copy":
             pixels: np.ndarray = self._resized
