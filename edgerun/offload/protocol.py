@@ -108,14 +108,25 @@ def decode_request(plaintext: bytes) -> InferRequest:
     try:
         return _request_decoder.decode(plaintext)
     except msgspec.DecodeError as exc:
-        raise OffloadProtocolError(f"not an offload request: {exc}", "malformed") from None
+        raise OffloadProtocolError(f"not an offload request: {_field_named(exc, InferRequest)}", "malformed") from None
 
 
 def decode_reply(plaintext: bytes) -> InferReply:
     try:
         return _reply_decoder.decode(plaintext)
     except msgspec.DecodeError as exc:
-        raise OffloadProtocolError(f"not an offload reply: {exc}", "malformed") from None
+        raise OffloadProtocolError(f"not an offload reply: {_field_named(exc, InferReply)}", "malformed") from None
+
+
+def _field_named(exc: msgspec.DecodeError, struct: type[msgspec.Struct]) -> str:
+    """msgspec's message with the array index of an array_like Struct replaced by the field's name."""
+    names = struct.__struct_fields__
+
+    def name(match: re.Match[str]) -> str:
+        index = int(match.group(1))
+        return f"`{names[index]}`" if index < len(names) else match.group(0)
+
+    return re.sub(r"`\$\[(\d+)\]`", name, str(exc), count=1)
 
 
 def valid_traceparent(value: str) -> bool:

@@ -307,37 +307,39 @@ class OffloadServer:
         loop = asyncio.get_running_loop()
         job.add_done_callback(lambda done: loop.call_soon_threadsafe(self._job_done, conn, done))
 
-    def _work(self, request: InferRequest, traceparent: str, arrival: float) -> tuple[InferReply, str, str]:
-        """In a worker: (reply, the counter it goes to, a drop reason or ""); the loop counts them."""
+    def _work(
+        self, request: InferRequest, traceparent: str, arrival: float
+    ) -> tuple[InferReply, str, codec.CodecError | None]:
+        """In a worker: (reply, the counter it goes to, why its image was refused); the loop counts them."""
         with self._waiting_lock:
             self._waiting -= 1
         queue_ms = (self._clock() - arrival) * 1000.0
         if queue_ms >= request.budget_ms:
-            return InferReply(request.id, "expired", queue_ms=round(queue_ms, 3)), "expired", ""
+            return InferReply(request.id, "expired", queue_ms=round(queue_ms, 3)), "expired", None
         try:
             image = codec.decode(request.data, request.codec, request.height, request.width)
         except codec.CodecError as exc:
-            return InferReply(request.id, "bad", queue_ms=round(queue_ms, 3)), "bad", exc.reason
+            return InferReply(request.id, "bad", queue_ms=round(queue_ms, 3)), "bad", exc
         try:
             result = self._serve(request.model, image, traceparent)
         except Exception:
             if self.counters["errors"] == 0:
                 log.exception("offload %s: serve failed on a frame", self.node_name)
-            return InferReply(request.id, "error", queue_ms=round(queue_ms, 3)), "errors", ""
+            return InferReply(request.id, "error", queue_ms=round(queue_ms, 3)), "errors", None
         if result.status == "ok" and result.detections is not None:
             reply = detections_to_reply(request.id, result.detections, result.infer_ms, queue_ms)
-            return reply, "served", ""
+            return reply, "served", None
         status = result.status if result.status in STATUSES and result.status != "ok" else "error"
         reply = detections_to_reply(request.id, Detections.empty(), result.infer_ms, queue_ms)
         reply.status = status
-        return reply, "errors" if status == "error" else status, ""
+        return reply, "errors" if status == "error" else status, None
 
-    def _job_done(self, conn: _Connection, job: Future[tuple[InferReply, str, str]]) -> None:
+    def _job_done(self, conn: _Connection, job: Future[tuple[InferReply, str, codec.CodecError | None]]) -> None:
         if job.cancelled():
             return  # the server is closing
-        reply, outcome, reason = job.result()
-        if reason:
-            self._count(reason, conn.peer)
+        reply, outcome, refused = job.result()
+        if refused is not None:
+            self._count(refused.reason, conn.peer, refused)
         if outcome == "served":
             self._served_at.append(self._clock())
         self._finished(conn, reply, outcome)
