@@ -42,11 +42,14 @@ _COUNTER_BYTES = 8
 OVERHEAD = _FIXED_HEADER + MAX_SENDER_BYTES + _COUNTER_BYTES + NONCE_BYTES + TAG_BYTES
 _MIN_PACKET = _FIXED_HEADER + 1 + _COUNTER_BYTES + NONCE_BYTES + TAG_BYTES
 
-# What a packet is for: a datagram cannot be replayed as a stream request or reply, nor the other way round.
+# What a packet is for: a datagram cannot be replayed as a stream or offload request or reply, nor the other way round.
 KIND_DATAGRAM = 1
 KIND_STREAM_REQUEST = 2
 KIND_STREAM_REPLY = 3
-_KINDS = (KIND_DATAGRAM, KIND_STREAM_REQUEST, KIND_STREAM_REPLY)
+# An offload hop (edgerun.offload): a frame sent to a helper and its detections back.
+KIND_OFFLOAD_REQUEST = 4
+KIND_OFFLOAD_REPLY = 5
+_KINDS = (KIND_DATAGRAM, KIND_STREAM_REQUEST, KIND_STREAM_REPLY, KIND_OFFLOAD_REQUEST, KIND_OFFLOAD_REPLY)
 
 # Reasons open() gives, so a transport can count drops by reason.
 REASONS = ("short", "version", "kind", "header", "forged", "replay", "stale")
