@@ -131,6 +131,10 @@ class SwarmAgent:
     def members(self) -> list[Member]:
         return [] if self.membership is None else self.membership.members()
 
+    def rtt_ms(self, name: str) -> float | None:
+        """The smoothed round trip to a member over direct probes (ms), None before one answered or once it died."""
+        return None if self.membership is None else self.membership.rtt_ms(name)
+
     def set_meta(self, meta: bytes) -> None:
         self._meta = meta
         if self.membership is not None and self._loop is not None:

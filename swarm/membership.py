@@ -26,7 +26,9 @@ What it does, after memberlist (state.go, suspicion.go, awareness.go, queue.go) 
 * app broadcasts (``queue_broadcast``) spread epidemically: every member delivers a (sender, key) payload
   once per newer ``seq`` and re-gossips it; a member's own recent ones also ride on its push-pulls;
 * members declared dead are tried with a push-pull once per push-pull interval (serf's reconnect), which is
-  what joins two halves again after a partition long enough for both to forget each other.
+  what joins two halves again after a partition long enough for both to forget each other;
+* the round trip of every answered direct probe feeds a per-member EWMA (``rtt_ms``), what an offloading node
+  picks a helper by.
 
 Interface changes since the skeleton commit: none (``packet_budget`` is the keyword-only extra the interface
 allows).
@@ -85,6 +87,8 @@ MAX_FAILED_REMEMBERED = 1024
 RECONNECT_FOR_S = 24 * 3600.0
 # A timer handled this much after its deadline (or more) means this member is starved of CPU.
 LATE_TIMER_FRACTION = 0.5
+# Weight of a new round-trip sample (TCP's SRTT uses 1/8; a fifth follows a moving drone a little faster).
+RTT_ALPHA = 0.2
 
 
 class MemberState(Enum):
@@ -136,6 +140,7 @@ class _Probe:
     tcp_token: int | None = None
     tcp_ok: bool = False
     resend_at: float | None = None
+    sent_at: float = 0.0
 
 
 @dataclass
@@ -203,6 +208,10 @@ class Membership:
         self._user_store: dict[tuple[str, bytes], _StoredUserMsg] = {}
         self._user_seq = 0
         self._failed: dict[str, tuple[tuple[str, int], float]] = {}
+        # Direct probes, not serf's Vivaldi coordinates: every member is probed directly in round-robin, so we
+        # hold a real sample of each neighbour within one probe cycle; coordinates pay off when a node must
+        # estimate pairs it never measures, which choosing a helper never needs (it only asks "me to you").
+        self._rtt_ms: dict[str, float] = {}
         self._leaving = False
         self._join_seeds: list[tuple[str, int]] = []
         self._join_attempt = 0
@@ -239,6 +248,7 @@ class Membership:
             "push_pulls": 0,
             "reconnects": 0,
             "late_timers": 0,
+            "rtt_samples": 0,
             "user_delivered": 0,
             "user_duplicates": 0,
             "broadcasts_pruned": 0,
@@ -451,6 +461,10 @@ class Membership:
         found = self._nodes.get(name)
         return None if found is None else replace(found)
 
+    def rtt_ms(self, name: str) -> float | None:
+        """The smoothed round trip to a live member in milliseconds (EWMA of direct probes), None until one answered."""
+        return self._rtt_ms.get(name)
+
     @property
     def queued_broadcasts(self) -> int:
         return len(self._updates) + len(self._user_queue)
@@ -486,10 +500,23 @@ class Membership:
             # An ack that was queued behind a late timer still counts: the target answered.
             self._probe = None
             self._apply_health(-1)
+            # A sample only from a ping sent once (Karn's rule: after the resend we cannot tell which ping this
+            # acks) and before the indirect stage: a relay's ack carries our seq too but times two legs and the
+            # relay's turn-around, not our link. The TCP fallback's ack never comes here (stream_result); it
+            # would time a connect handshake and a task switch on top of the path.
+            if probe.resend_at is not None and not probe.indirect:
+                self._rtt_sample(probe.target, (now - probe.sent_at) * 1000.0)
             return
         relay = self._relays.pop(seq, None)
         if relay is not None:
             self._send(relay.requester, [encode_message(Ack(seq=relay.requester_seq))])
+
+    def _rtt_sample(self, name: str, sample_ms: float) -> None:
+        if name not in self._nodes or sample_ms < 0.0:
+            return
+        self.stats["rtt_samples"] += 1
+        old = self._rtt_ms.get(name)
+        self._rtt_ms[name] = sample_ms if old is None else old + RTT_ALPHA * (sample_ms - old)
 
     def _on_indirect_ping(self, message: IndirectPing, addr: tuple[str, int], now: float) -> None:
         if len(self._relays) >= MAX_RELAYS:
@@ -529,6 +556,7 @@ class Membership:
             if not may_reclaim:
                 self.stats["dropped"]["name_conflict"] += 1
                 return
+            self._rtt_ms.pop(a.name, None)  # another host under the old name
         elif a.incarnation <= member.incarnation:
             return
         self._suspicions.pop(a.name, None)
@@ -607,6 +635,7 @@ class Membership:
         member.incarnation = d.incarnation
         member.state = MemberState.LEFT if d.source == d.name else MemberState.DEAD
         member.state_since = now
+        self._rtt_ms.pop(d.name, None)  # a member that comes back may come back somewhere else
         if member.state is MemberState.DEAD:
             self.stats["deaths"] += 1
             self._failed.pop(member.name, None)
@@ -683,7 +712,9 @@ class Membership:
         timeout = self.timing.probe_timeout_s
         # One resend at half the ack timeout: at 10 % loss a fifth of probes lose the ping or the ack, and each
         # would cost three indirect pings and a TCP ping (12+ packets); the resend rescues most of them for two.
-        self._probe = _Probe(seq, member.name, now + timeout, now + interval, interval, resend_at=now + timeout / 2)
+        self._probe = _Probe(
+            seq, member.name, now + timeout, now + interval, interval, resend_at=now + timeout / 2, sent_at=now
+        )
         self._send(member.addr, self._ping_parts(seq, member))
 
     def _ping_parts(self, seq: int, member: Member) -> list[bytes]:

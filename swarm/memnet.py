@@ -70,6 +70,7 @@ class MemNet:
         self.hosts: dict[Addr, Host] = {}
         self.group: dict[Addr, int] = {}
         self.blocked: set[tuple[Addr, Addr, str]] = set()
+        self.link_latency_s: dict[frozenset[Addr], float] = {}
         self.lost = 0
         self.cut = 0
         self.delivered = 0
@@ -105,6 +106,12 @@ class MemNet:
         for kind, on in (("udp", udp), ("tcp", tcp)):
             if on:
                 self.blocked |= {(a, b, kind), (b, a, kind)}
+
+    def set_link_latency(self, a: Addr, b: Addr, latency_s: float) -> None:
+        """One link's one-way latency (both ways) instead of the network's; jitter still adds to it."""
+        if latency_s < 0:
+            raise ValueError(f"latency must be >= 0, got {latency_s}")
+        self.link_latency_s[frozenset((a, b))] = latency_s
 
     def reachable(self, a: Addr, b: Addr, kind: str = "udp") -> bool:
         if self.blocked and (a, b, kind) in self.blocked:
@@ -183,8 +190,11 @@ class MemNet:
 
                 self.input(host, when, fire, _TIMER)
 
-    def _delay(self) -> float:
-        return self.latency_s + self.rng.uniform(0.0, self.jitter_s)
+    def _delay(self, src: Addr, dst: Addr) -> float:
+        latency = (
+            self.link_latency_s.get(frozenset((src, dst)), self.latency_s) if self.link_latency_s else self.latency_s
+        )
+        return latency + self.rng.uniform(0.0, self.jitter_s)
 
     def _send_datagram(self, src: Addr, dst: Addr, data: bytes) -> None:
         if self.loss and self.rng.random() < self.loss:
@@ -198,7 +208,9 @@ class MemNet:
             return
         self.delivered += 1
         target.datagrams_in += 1
-        self.input(target, self.now + self._delay(), lambda now: target.membership.receive_datagram(data, src, now))
+        self.input(
+            target, self.now + self._delay(src, dst), lambda now: target.membership.receive_datagram(data, src, now)
+        )
 
     def _open_stream(self, host: Host, token: int, dst: Addr, request: bytes) -> None:
         src = host.membership.addr
@@ -211,15 +223,22 @@ class MemNet:
             return
         target = self.hosts.get(dst)
         if target is None or not target.alive:
-            fail_at(self.now + 2 * self._delay())  # connection refused
+            fail_at(self.now + 2 * self._delay(src, dst))  # connection refused
             return
 
         def serve(now: float) -> None:
             reply = target.membership.handle_stream(request, src, now)
             if reply is None or not self.reachable(src, dst, "tcp"):
-                fail_at(now + self._delay())
+                fail_at(now + self._delay(src, dst))
                 return
-            self.input(host, now + self._delay(), lambda later: host.membership.stream_result(token, reply, later))
+            self.input(
+                host, now + self._delay(src, dst), lambda later: host.membership.stream_result(token, reply, later)
+            )
 
         # the connect handshake, then the request; a peer that died meanwhile resets the connection
-        self.input(target, self.now + 2 * self._delay(), serve, on_dead=lambda: fail_at(self.now + self._delay()))
+        self.input(
+            target,
+            self.now + 2 * self._delay(src, dst),
+            serve,
+            on_dead=lambda: fail_at(self.now + self._delay(src, dst)),
+        )

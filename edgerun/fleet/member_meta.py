@@ -30,6 +30,13 @@ class MemberMeta(msgspec.Struct, array_like=False, omit_defaults=True, forbid_un
     up: float | None = None
     yaw: float | None = None
     hfov: float | None = None
+    # What this node serves for others (edgerun.offload.capabilities). Short keys on the wire: every member's
+    # metadata rides in every push-pull, so each byte here is paid N times per exchange.
+    serve_hash: str = msgspec.field(default="", name="sh")  # 16 hex chars of the served model's hash; "" none
+    serve_port: int = msgspec.field(default=0, name="sp")  # offload TCP port on the member's gossip host
+    spare_fps: float = msgspec.field(default=0.0, name="sf")
+    infer_ms: float = msgspec.field(default=0.0, name="im")  # the engine's time per frame
+    queue: int = msgspec.field(default=0, name="q")  # offload requests waiting
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__struct_fields__}
@@ -43,7 +50,13 @@ def encode_meta(meta: MemberMeta) -> bytes:
     data = _encoder.encode(meta)
     if len(data) > MAX_META_BYTES:
         # Strings are the only unbounded fields: cut them rather than lose the whole record.
-        meta = msgspec.structs.replace(meta, model=meta.model[:64], engine=meta.engine[:32], health=meta.health[:32])
+        meta = msgspec.structs.replace(
+            meta,
+            model=meta.model[:64],
+            engine=meta.engine[:32],
+            health=meta.health[:32],
+            serve_hash=meta.serve_hash[:16],
+        )
         data = _encoder.encode(meta)
     return data
 

@@ -23,6 +23,7 @@ from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.find_images import FindCropper, FindImages
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
+from edgerun.offload.capabilities import capabilities_due
 from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, Observation, deferral_s
@@ -31,7 +32,7 @@ from swarm.membership import UserBroadcast
 
 log = logging.getLogger(__name__)
 
-# When this member's metadata is gossiped again (see FleetMember._meta_changed).
+# When this member's metadata is gossiped again (see meta_worth_gossiping).
 META_MOVE_M = 5.0
 META_TURN_DEG = 30.0
 META_REFRESH_S = 30.0
@@ -72,6 +73,36 @@ def load_swarm_keyring(path: str) -> Any:
         raise ConfigError(f"swarm.key_file: {err}") from None
     except OSError as err:
         raise ConfigError(f"swarm.key_file: {path}: {err.strerror or err}") from None
+
+
+def meta_worth_gossiping(meta: MemberMeta, sent: tuple[MemberMeta, float] | None, now: float) -> bool:
+    """Whether ``meta`` is worth gossiping (``sent``: the last gossiped and when): every update is a new
+    incarnation sent to the whole swarm.
+
+    Model, engine, health changes go out at once; offload capabilities as ``capabilities_due`` says (what is
+    served at once, capacity at most every 5 s on a 20 % move); the camera's position when it moved more than
+    META_MOVE_M or turned more than META_TURN_DEG; fps and the rest with a refresh every META_REFRESH_S.
+    """
+    if sent is None:
+        return True
+    last, at = sent
+    if (meta.model, meta.version, meta.engine, meta.fallback, meta.health) != (
+        last.model,
+        last.version,
+        last.engine,
+        last.fallback,
+        last.health,
+    ):
+        return True
+    if capabilities_due(meta, last, at, now):
+        return True
+    if now - at >= META_REFRESH_S:
+        return True
+    if meta.east is None or last.east is None:
+        return meta.east is not last.east
+    moved = math.hypot(meta.east - last.east, (meta.north or 0.0) - (last.north or 0.0))
+    turned = abs(((meta.yaw or 0.0) - (last.yaw or 0.0) + 180.0) % 360.0 - 180.0)
+    return moved > META_MOVE_M or turned > META_TURN_DEG
 
 
 class FleetMember:
@@ -227,7 +258,7 @@ class FleetMember:
             if now >= next_meta:
                 next_meta = now + self.cfg.meta_interval_s
                 meta = self._meta()
-                if self._meta_changed(meta, now):
+                if meta_worth_gossiping(meta, self._sent_meta, now):
                     self.agent.set_meta(encode_meta(meta))
                     self._sent_meta = (meta, now)
                 view = self.view()
@@ -277,31 +308,6 @@ class FleetMember:
         # "reported", which lets peers stay quiet about it; until then dedup hands it out again.
         dedup, object_id = self.dedup, obj.id
         self._publish_object(msgspec.to_builtins(wire.FleetObject(**payload)), lambda: dedup.published(object_id))
-
-    def _meta_changed(self, meta: MemberMeta, now: float) -> bool:
-        """Whether ``meta`` is worth gossiping: every update is a new incarnation sent to the whole swarm.
-
-        Model, engine, health changes go out at once; the camera's position when it moved more than
-        META_MOVE_M or turned more than META_TURN_DEG; fps and the rest with a refresh every META_REFRESH_S.
-        """
-        if self._sent_meta is None:
-            return True
-        last, at = self._sent_meta
-        if (meta.model, meta.version, meta.engine, meta.fallback, meta.health) != (
-            last.model,
-            last.version,
-            last.engine,
-            last.fallback,
-            last.health,
-        ):
-            return True
-        if now - at >= META_REFRESH_S:
-            return True
-        if meta.east is None or last.east is None:
-            return meta.east is not last.east
-        moved = math.hypot(meta.east - last.east, (meta.north or 0.0) - (last.north or 0.0))
-        turned = abs(((meta.yaw or 0.0) - (last.yaw or 0.0) + 180.0) % 360.0 - 180.0)
-        return moved > META_MOVE_M or turned > META_TURN_DEG
 
     def _on_swarm_event(self, event: Any) -> None:
         if isinstance(event, UserBroadcast):

@@ -198,6 +198,10 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
                 return {m.name for m in agent.members() if m.state is MemberState.ALIVE}
 
             await until(lambda: all(alive(a) == {"a0", "a1", "a2"} for a in agents), 20)
+            # round trips over real loopback sockets, from answered direct probes
+            await until(lambda: all(agents[0].rtt_ms(n) is not None for n in ("a1", "a2")), 20)
+            assert all(0.0 < agents[0].rtt_ms(n) < 1000.0 for n in ("a1", "a2"))
+            assert agents[0].rtt_ms("a0") is None and agents[0].stats["rtt_samples"] >= 2
 
             agents[1].queue_broadcast(b"claim", b"payload-1")
 
@@ -233,6 +237,7 @@ def test_in_process_agents_broadcast_meta_rotate_keys_and_leave(no_thread_left_b
                 ),
                 20,
             )
+            assert agents[0].rtt_ms("a2") is None  # forgotten with the member that left
             stats = agents[0].stats
             assert stats["bytes_out"] > 0 and stats["bytes_in"] > 0
         finally:

@@ -176,6 +176,70 @@ def test_killed_member_is_suspected_then_declared_dead_by_everyone() -> None:
         assert not [e for e in events(net, m, "dead") if e[1].name != "m5"]
 
 
+# ---------------------------------------------------------------------- round trips
+
+
+def rtt_cluster(*, loss: float = 0.0, seed: int = 5) -> tuple[MemNet, list[Membership]]:
+    """Three members; m0-m1 10 ms one way, m0-m2 40 ms, m1-m2 25 ms, all with 0..2 ms jitter per packet."""
+    net = MemNet(seed=seed, loss=loss, latency_s=0.001, jitter_s=0.002)
+    net.set_link_latency(addr(0), addr(1), 0.010)
+    net.set_link_latency(addr(0), addr(2), 0.040)
+    net.set_link_latency(addr(1), addr(2), 0.025)
+    members = []
+    for i in range(3):
+        m = Membership(f"m{i}", addr(i), TIMING, now=0.0, rng=random.Random(seed * 100 + i))
+        if i:
+            m.join([addr(0)], 0.0)
+        net.add(m)
+        members.append(m)
+    return net, members
+
+
+def test_round_trip_estimates_converge_to_each_links_round_trip() -> None:
+    net, (m0, m1, m2) = rtt_cluster()
+    assert m0.rtt_ms("m1") is None  # nothing probed yet
+    net.run_until(120.0)
+    # a round trip is two one-way delays of latency + U(0, 2 ms): 2 * latency + 2 ms on average
+    assert m0.rtt_ms("m1") == pytest.approx(22.0, abs=1.0)
+    assert m0.rtt_ms("m2") == pytest.approx(82.0, abs=1.0)
+    assert m1.rtt_ms("m2") == pytest.approx(52.0, abs=1.0)
+    assert m2.rtt_ms("m0") == pytest.approx(82.0, abs=1.0)
+    assert m0.rtt_ms("m0") is None and m0.stats["rtt_samples"] >= 100
+
+
+def test_resent_and_indirect_probes_give_no_round_trip_sample() -> None:
+    # 20 % loss: many probes need the resend; were the resend's ack timed from the first ping, the estimate
+    # would jump by half the probe timeout (250 ms)
+    net, (m0, m1, m2) = rtt_cluster(loss=0.2)
+    net.run_until(120.0)
+    assert m0.stats["probe_resends"] > 10
+    assert 20.0 <= m0.rtt_ms("m1") <= 24.0 and 80.0 <= m0.rtt_ms("m2") <= 84.0
+    # the direct link m0-m1 cut (no loss besides): m1 stays alive through m2's relaying, whose acks (a
+    # 40+25+25+40 ms detour) must not move the estimate
+    net, (m0, m1, m2) = rtt_cluster()
+    net.run_until(60.0)
+    before = m0.rtt_ms("m1")
+    net.block(addr(0), addr(1), udp=True, tcp=True)
+    indirect = m0.stats["indirect_probes"]
+    net.run_until(180.0)
+    assert m0.stats["indirect_probes"] > indirect and states(m0)["m1"] is MemberState.ALIVE
+    assert m0.rtt_ms("m1") == before
+
+
+def test_a_dead_or_departed_members_round_trip_is_forgotten() -> None:
+    net, (m0, m1, m2) = rtt_cluster()
+    net.run_until(60.0)
+    assert m0.rtt_ms("m1") is not None and m0.rtt_ms("m2") is not None
+    net.kill(addr(2))
+    net.run_until(90.0)
+    assert states(m0)["m2"] is MemberState.DEAD
+    assert m0.rtt_ms("m2") is None and m1.rtt_ms("m2") is None
+    assert m0.rtt_ms("m1") is not None
+    m1.leave(net.now)
+    net.run_until(100.0)
+    assert states(m0)["m1"] is MemberState.LEFT and m0.rtt_ms("m1") is None
+
+
 # ---------------------------------------------------------------------- suspicion
 
 
