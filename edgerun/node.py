@@ -568,7 +568,9 @@ class Node:
             try:
                 host, port = await server.start(bind)
             except OSError as err:
-                raise ConfigError(f"offload.bind: cannot listen on {bind[0]}:{bind[1]} ({err.strerror or err})") from None
+                raise ConfigError(
+                    f"offload.bind: cannot listen on {bind[0]}:{bind[1]} ({err.strerror or err})"
+                ) from None
             self.offload_server = server
             self._services.push_async_callback(server.close)
             log.info("offload: serving %s for neighbours on %s:%d", self.model_name, host, port)

@@ -31,7 +31,9 @@ def build_runtime(
     decoder = decoder_class(bundle.manifest.decoder.kind)(params, engine.input_spec, engine.output_specs)
     decoder.check_labels(bundle.labels)
     preprocessor = Preprocessor(bundle.manifest.preprocess, engine.input_spec, *frame_size)
-    return ModelRuntime(engine, preprocessor, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels, bundle.content_hash))
+    return ModelRuntime(
+        engine, preprocessor, decoder, ModelInfo(bundle.name, bundle.version, bundle.labels, bundle.content_hash)
+    )
 
 
 def cpu_engine_layout(cfg: Config, *, fallback: bool) -> tuple[int, int]:

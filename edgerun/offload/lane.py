@@ -200,10 +200,14 @@ class OffloadLane:
                 self.load = source_fps / local_capacity_fps if local_capacity_fps > 0 else float("inf")
                 if not self.engaged and self.load > self.engage_load:
                     self.engaged = True
-                    log.info("offload: the source (%.1f fps) needs help (local %.1f fps)", source_fps, local_capacity_fps)
+                    log.info(
+                        "offload: the source (%.1f fps) needs help (local %.1f fps)", source_fps, local_capacity_fps
+                    )
                 elif self.engaged and self.load < self.release_load:
                     self.engaged = False
-                    log.info("offload: the local engine keeps up again (%.1f of %.1f fps)", source_fps, local_capacity_fps)
+                    log.info(
+                        "offload: the local engine keeps up again (%.1f of %.1f fps)", source_fps, local_capacity_fps
+                    )
             chosen = self.chooser.choose(candidates, now) if self.engaged else None
             prefer = False
             if chosen is not None:
@@ -213,9 +217,14 @@ class OffloadLane:
                     local_ms = self.slots.limit * 1000.0 / local_capacity_fps
                     prefer = estimated_latency_ms(chosen) < PREFER_MARGIN * local_ms
             current = self.helper
-            same = current is not None and chosen is not None and (current.name, current.addr) == (
-                chosen.name,
-                chosen.addr,
+            same = (
+                current is not None
+                and chosen is not None
+                and (current.name, current.addr)
+                == (
+                    chosen.name,
+                    chosen.addr,
+                )
             )
             if same:
                 self.helper = chosen  # fresher figures, same connection
@@ -278,7 +287,9 @@ class LocalEngineRate:
             t0, frames0, busy0, captured0 = self._last
             if frames > frames0:
                 ms = (busy - busy0) / (frames - frames0) * 1000.0
-                self.infer_ms = ms if self.infer_ms == 0.0 else self.SMOOTHING * self.infer_ms + (1 - self.SMOOTHING) * ms
+                self.infer_ms = (
+                    ms if self.infer_ms == 0.0 else self.SMOOTHING * self.infer_ms + (1 - self.SMOOTHING) * ms
+                )
             if now > t0:
                 self.source_fps = (captured - captured0) / (now - t0)
         self._last = (now, frames, busy, captured)

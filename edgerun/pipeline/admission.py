@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 
-
 # What ``EngineSlots.acquire`` hands out: the gate was open (nothing counted), a call slot of the local
 # engine, or a place in the in-flight window of the helper this node offloads to (edgerun.offload).
 OPEN, LOCAL, REMOTE = 0, 1, 2
