@@ -192,10 +192,15 @@ class Node:
         if self.t_first_batch is None:
             self.t_first_batch = now
             self.health.mark_running()
+        tracer = self.tracer
+        if tracer is not None and batch.trace is None and batch.remote_helper is None:
+            # Sampled before the sinks take it, so its payload names its trace. A frame inferred on a neighbour was
+            # sampled (or not) by the worker that sent it, with the helper told so: it is not sampled twice.
+            batch.trace = tracer.begin()
         for sink in self.sinks:
             sink.submit(batch, now)
-        if self.tracer is not None:
-            self.tracer.frame(batch, time.monotonic(), self._sink_keys)
+        if tracer is not None and batch.trace is not None:
+            tracer.frame(batch, time.monotonic(), self._sink_keys)
         if self.fleet is not None:
             self.fleet.observe(batch)
         for observe in self.observers:

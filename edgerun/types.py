@@ -7,15 +7,21 @@ and the letterbox mapping stay vectorised; they become JSON only at the sink.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
 from edgerun import wire
 
+if TYPE_CHECKING:
+    from edgerun.tracing import FrameTraceIds
+
 # Version of the JSON payload published by every sink (edgerun.wire.DETECTIONS_SCHEMA).
 PAYLOAD_SCHEMA = wire.DETECTIONS_SCHEMA
+
+# DetectionBatch.engine of a frame a neighbour inferred (offloading): "remote:<the helper's node name>".
+REMOTE_ENGINE_PREFIX = "remote:"
 
 
 @dataclass(slots=True)
@@ -130,6 +136,16 @@ class DetectionBatch:
     # Pictures of some detections, by detection index, copied out of the frame before its slot went back to
     # the pool (edgerun.fleet.find_images.FindCrop); None when nobody asked for them.
     crops: dict[int, Any] | None = None
+    # The ids of this frame's trace when it is traced (edgerun.tracing.FrameTracer.begin): set by the infer worker
+    # that sent it to a helper, else by the node before the sinks take it; None when not traced.
+    trace: FrameTraceIds | None = None
+
+    @property
+    def remote_helper(self) -> str | None:
+        """The node that inferred this frame for us (offloading), None when it was inferred here."""
+        if self.engine.startswith(REMOTE_ENGINE_PREFIX):
+            return self.engine[len(REMOTE_ENGINE_PREFIX) :]
+        return None
 
     def label_of(self, class_id: int) -> str:
         if 0 <= class_id < len(self.labels):
@@ -161,6 +177,7 @@ class DetectionBatch:
             latency_ms=None if t_publish is None else round((t_publish - meta.t_capture) * 1000.0, 3),
             pose=None if meta.pose is None else meta.pose.to_wire(),
             detections=items,
+            trace_id=msgspec.UNSET if self.trace is None else self.trace.trace_id_hex,
         )
 
     def to_payload(self, t_publish: float | None = None) -> dict[str, Any]:

@@ -127,6 +127,7 @@ NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Name = Annotated[str, msgspec.Meta(min_length=1)]
+TraceId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]  # W3C trace id: 32 lowercase hex characters
 
 # -- edgerun.detections/1 (edgerun/schema/detections-v1.json) -----------------------------------
 
@@ -175,6 +176,10 @@ class Detections(msgspec.Struct, kw_only=True):
     latency_ms: NonNegative | None  # capture to the sink, None when unknown
     pose: Pose | None
     detections: list[Detection]
+    # The OpenTelemetry trace of this frame, present only when the node traced it ([tracing], sampled): an operator
+    # goes from a find to its trace in Jaeger or Tempo with it. Absent (not null) otherwise, so older payloads
+    # and older readers stay valid.
+    trace_id: TraceId | msgspec.UnsetType = msgspec.UNSET
 
 
 # -- edgerun.object/2 (edgerun/schema/object-v2.json) -------------------------------------------

@@ -245,6 +245,19 @@ class NodeCollector:
                 "Spans the OTLP collector refused or could not be sent (collector down or slow).",
                 counts["spans_failed"],
             )
+            yield counter(
+                "edgerun_trace_remote_spans",
+                "Infer spans recorded for frames other nodes sent here (offloading), in the origin's trace.",
+                counts["remote_spans"],
+            )
+            dropped_parents = CounterMetricFamily(
+                "edgerun_trace_traceparents_dropped",
+                "Traceparents of offloaded frames that recorded nothing, by reason (malformed, unsampled).",
+                labels=["reason"],
+            )
+            for reason, n in sorted(counts["traceparents_dropped"].items()):
+                dropped_parents.add_metric([reason], n)
+            yield dropped_parents
         failover = getattr(node, "failover", None)
         if failover is not None:
             active = GaugeMetricFamily(

@@ -178,6 +178,7 @@ def payload_to_native(payload: dict[str, Any]) -> Any:
             )
             for d in payload["detections"]
         ],
+        trace_id=payload.get("trace_id", ""),
     )
 
 
@@ -190,7 +191,7 @@ def native_to_payload(sample: Any) -> dict[str, Any]:
             item["keypoints"] = [[k.x, k.y] for k in d.keypoints]
         detections.append(item)
     pose = sample.pose[0] if sample.pose else None
-    return {
+    payload: dict[str, Any] = {
         "schema": sample.schema,
         "node": sample.node,
         "seq": sample.seq,
@@ -211,6 +212,9 @@ def native_to_payload(sample: Any) -> dict[str, Any]:
         },
         "detections": detections,
     }
+    if sample.trace_id:
+        payload["trace_id"] = sample.trace_id
+    return payload
 
 
 def payload_to_object(payload: dict[str, Any]) -> Any:

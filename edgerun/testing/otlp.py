@@ -28,6 +28,7 @@ class ReceivedSpan:
     end_ns: int
     attributes: dict[str, Any]
     resource: dict[str, Any]
+    kind: str = "SPAN_KIND_INTERNAL"  # the OTLP enum's name: SPAN_KIND_CLIENT, SPAN_KIND_SERVER, ...
 
 
 def _value(any_value: Any) -> Any:
@@ -35,6 +36,12 @@ def _value(any_value: Any) -> Any:
     if kind == "array_value":
         return [_value(v) for v in any_value.array_value.values]
     return getattr(any_value, kind) if kind else None
+
+
+def span_kind_name(kind: int) -> str:
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    return str(Span.SpanKind.Name(kind))
 
 
 @dataclass
@@ -69,6 +76,7 @@ class OtlpReceiver:
                             end_ns=span.end_time_unix_nano,
                             attributes={a.key: _value(a.value) for a in span.attributes},
                             resource=resource,
+                            kind=span_kind_name(span.kind),
                         )
                     )
         with self.lock:

@@ -3,6 +3,7 @@ built on the opentelemetry-proto messages, and each trace's span tree is checked
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -139,6 +140,8 @@ def test_each_published_frame_is_one_trace_of_its_stages(traced) -> None:  # typ
         assert root.attributes["edgerun.model"] == batch["model"]["name"]
         assert children[2].attributes["edgerun.engine"] == root.attributes["edgerun.engine"] == "tflite"
         assert root.resource["service.instance.id"] == "traced-node"
+        # The payload names its trace: a find leads to the trace of the frame it was seen in.
+        assert batch["trace_id"] == root.trace_id
         with_faces += bool(batch["detections"])
     assert with_faces > 0, "the replay's faces were detected and traced"
 
@@ -175,6 +178,25 @@ def test_sample_ratio_zero_traces_nothing(traced) -> None:  # type: ignore[no-un
         assert node.metric("edgerun_trace_frames_sampled") == 0
         assert node.stop() == 0
         assert receiver.spans == []
+    assert not any("trace_id" in b for b in node.batches().values())
+
+
+def test_only_sampled_frames_name_a_trace_in_their_payload(traced) -> None:  # type: ignore[no-untyped-def]
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).resolve().parents[2] / "edgerun/schema/detections-v1.json").read_text())
+    with run_otlp_receiver() as receiver:
+        node = traced(receiver.endpoint, ratio=0.3)
+        _wait(lambda: len(receiver.traces()) >= 10, node)
+        assert node.stop() == 0
+        batches = node.batches()
+        traces = receiver.traces()
+    for batch in batches.values():
+        jsonschema.validate(batch, schema)
+    named = {seq: b["trace_id"] for seq, b in batches.items() if "trace_id" in b}
+    traced_seqs = {root.attributes["edgerun.frame.seq"]: root.trace_id for root in _roots(traces)}
+    # Exactly the sampled frames carry a trace id, and it is the one their spans went out under.
+    assert named == traced_seqs
+    assert 0 < len(named) < len(batches)
 
 
 def test_a_bad_endpoint_is_one_config_line() -> None:

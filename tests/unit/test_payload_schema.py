@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgerun.listen import decode_message, format_detections, format_object
+from edgerun.tracing import FrameTraceIds
 from edgerun.types import PAYLOAD_SCHEMA, DetectionBatch, Detections, FrameMeta, Pose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ SCHEMA = json.loads((REPO / "edgerun" / "schema" / "detections-v1.json").read_te
 IDL = (REPO / "edgerun" / "sinks" / "idl" / "edgerun.idl").read_text()
 
 
-def batch(n: int = 2, keypoints: int = 0, pose: bool = True, seq: int = 7) -> DetectionBatch:
+def batch(n: int = 2, keypoints: int = 0, pose: bool = True, seq: int = 7, traced: bool = False) -> DetectionBatch:
     boxes = np.array([[10.04, 20.0, 110.5, 90.25], [300.0, 200.0, 350.0, 260.0], [0, 0, 1, 1]], np.float32)[:n]
     det = Detections(
         boxes=boxes,
@@ -35,7 +36,8 @@ def batch(n: int = 2, keypoints: int = 0, pose: bool = True, seq: int = 7) -> De
         t_capture=100.0,
         pose=Pose(1.0, -2.0, 6.0, 3.0, 1.0, 0.5) if pose else None,
     )
-    return DetectionBatch("node-a", meta, det, ("face", "person"), "blazeface_short", 1, "tflite")
+    trace = FrameTraceIds(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x1, 0x00F067AA0BA902B7) if traced else None
+    return DetectionBatch("node-a", meta, det, ("face", "person"), "blazeface_short", 1, "tflite", trace=trace)
 
 
 PAYLOADS = [
@@ -43,6 +45,7 @@ PAYLOADS = [
     batch(keypoints=6).to_payload(100.02),
     batch(n=0, pose=False).to_payload(None),
     batch(n=3, keypoints=2, pose=False).to_payload(101.0),  # class 7 has no label: the label is "7"
+    batch(keypoints=6, traced=True).to_payload(100.02),  # a traced frame names its trace
 ]
 
 
@@ -61,7 +64,9 @@ def test_payloads_validate(validator, payload) -> None:
 def test_schema_describes_exactly_the_fields_produced() -> None:
     payload = PAYLOADS[1]
     assert SCHEMA["properties"]["schema"]["const"] == PAYLOAD_SCHEMA
-    assert set(SCHEMA["properties"]) == set(payload) == set(SCHEMA["required"])
+    assert set(SCHEMA["properties"]) == set(PAYLOADS[4]) == set(payload) | {"trace_id"}
+    assert set(payload) == set(SCHEMA["required"])  # trace_id is the one optional field: absent when not traced
+    assert PAYLOADS[4]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert set(SCHEMA["properties"]["frame"]["properties"]) == set(payload["frame"])
     assert set(SCHEMA["properties"]["model"]["properties"]) == set(payload["model"])
     pose = SCHEMA["$defs"]["pose"]
@@ -80,6 +85,8 @@ def test_schema_describes_exactly_the_fields_produced() -> None:
         (lambda p: p["frame"].update(width="640"), "$.frame.width"),
         (lambda p: p["detections"][0].update(keypoints=[[1.0]]), "$.detections[0].keypoints[0]"),
         (lambda p: p.update(pose={"east_m": 1}), "$.pose"),
+        (lambda p: p.update(trace_id="4BF92F3577B34DA6A3CE929D0E0E4736"), "$.trace_id"),
+        (lambda p: p.update(trace_id=None), "$.trace_id"),
     ],
 )
 def test_schema_rejects(validator, mutate, path) -> None:
@@ -227,6 +234,12 @@ def test_decode_good_messages() -> None:
             "detections[0].box: Expected `array` of length 4, got 3",
         ),
         (b'{"schema": "edgerun.detections/1", "node": "n", "seq": 1}', "Object missing required field `ts`"),
+        (
+            b'{"schema": "edgerun.detections/1", "node": "n", "seq": 1, "ts": 2, "frame": {"width": 1,'
+            b' "height": 1, "source": "x"}, "model": {"name": "m", "version": 1, "engine": "e"}, "latency_ms": null,'
+            b' "pose": null, "detections": [], "trace_id": "abc"}',
+            "trace_id: Expected `str` matching regex '^[0-9a-f]{32}$'",
+        ),
     ],
 )
 def test_decode_rejects_with_exact_reason(data: bytes, message: str) -> None:

@@ -69,6 +69,7 @@ class DetectionBatch(IdlStruct, typename="edgerun::DetectionBatch"):
     latency_ms: float64 = 0.0
     pose: sequence[Pose, 1] = field(default_factory=list)
     detections: sequence[Detection] = field(default_factory=list)
+    trace_id: str = ""  # appended: the frame's OpenTelemetry trace, "" when not traced (JSON: absent)
 
 
 @dataclass
