@@ -661,6 +661,7 @@ class Pipeline:
             model_version=model.version,
             engine=slot.engine_key,
             stamps={"read": slot.t_read, "preprocessed": slot.t_preprocessed, "inferred": slot.t_inferred},
+            trace=slot.trace,  # begun by the worker that sent the frame to a helper (its request named it)
         )
         t1 = time.monotonic()
         batch.stamps["decoded"] = t1
