@@ -323,8 +323,8 @@ class OffloadConfig(Section):
     window: PositiveInt = 4  # frames in flight to the helper at once
     # A frame whose result is not back this long after it was sent is late: dropped and counted.
     deadline_ms: Annotated[float, msgspec.Meta(gt=0.0, le=60_000.0)] = 500.0
-    codec: Literal["jpeg", "zstd"] = "jpeg"  # how the model-size frame travels (docs/offload.md: bytes per frame)
-    jpeg_quality: Annotated[int, msgspec.Meta(ge=1, le=100)] = 90
+    # How the model-size frame travels: "jpeg" (quality 90, a few KB) or "zstd" (lossless; docs/offload.md).
+    codec: Literal["jpeg", "zstd"] = "jpeg"
     serve_workers: PositiveInt = 1  # neighbours' frames inferred at once here
     serve_queue: PositiveInt = 8  # neighbours' frames waiting here; beyond it they are answered "busy"
     # auto: a helper is used while the source's frame rate is above this share of what the local engine

@@ -96,6 +96,48 @@ def swarm_metrics(fleet: Any) -> Iterator[Metric]:
         yield skipped
 
 
+# The offload server's stats that are not what became of a request.
+_OFFLOAD_SERVER_NOT_OUTCOMES = frozenset(
+    {"dropped", "bytes_in", "bytes_out", "connections", "requests", "queue", "served_fps", "unauth_buffered_peak"}
+)
+
+
+def offload_metrics(lane: Any, server: Any) -> Iterator[Metric]:
+    """Frames sent to a helper and what became of them; neighbours' frames served here (edgerun.offload)."""
+    if lane is not None:
+        frames = CounterMetricFamily(
+            "edgerun_offload_frames",
+            "Frames this node tried to send to a helper, by outcome (done, local, late, lost, refused, busy, ...).",
+            labels=["outcome"],
+        )
+        described = lane.describe()
+        for outcome, count in sorted(described["frames"].items()):
+            frames.add_metric([outcome], count)
+        yield frames
+        helper = GaugeMetricFamily("edgerun_offload_helper", "1 for the helper frames go to now.", labels=["helper"])
+        if described["helper"] is not None:
+            helper.add_metric([described["helper"]], 1.0)
+        yield helper
+        sent = CounterMetricFamily("edgerun_offload_bytes", "Encoded frame bytes sent to helpers.")
+        sent.add_metric([], described["bytes_out"])
+        yield sent
+    if server is not None:
+        served = CounterMetricFamily(
+            "edgerun_offload_served", "Neighbours' frames this node was asked to serve, by outcome.", labels=["outcome"]
+        )
+        stats = server.stats
+        for outcome, count in sorted(stats.items()):
+            if outcome not in _OFFLOAD_SERVER_NOT_OUTCOMES and isinstance(count, int):
+                served.add_metric([outcome], count)
+        yield served
+        dropped = CounterMetricFamily(
+            "edgerun_offload_dropped", "Offload frames dropped on receipt, by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(stats.get("dropped", {}).items()):
+            dropped.add_metric([reason], count)
+        yield dropped
+
+
 def pose_metrics(pose: Any) -> Iterator[Metric]:
     """The live pose source (MAVLink): frames with and without a pose, messages, drops, the ground height used."""
     stats = pose.stats
@@ -216,6 +258,8 @@ class NodeCollector:
         fleet = getattr(node, "fleet", None)
         if fleet is not None:
             yield from swarm_metrics(fleet)
+        if getattr(node, "offload", None) is not None or getattr(node, "offload_server", None) is not None:
+            yield from offload_metrics(node.offload, node.offload_server)
         pose = getattr(node, "pose_source", None)
         if pose is not None:
             yield from pose_metrics(pose)
