@@ -47,6 +47,23 @@ from swarm.keyring import KIND_OFFLOAD_REPLY, KIND_OFFLOAD_REQUEST, OVERHEAD, Ke
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
+# Always in stats, zero or not (one per way a request ends, and the bytes).
+COUNTERS = (
+    "requests",
+    "replies",
+    "late",
+    "lost",
+    "refused",
+    "window",
+    "busy",
+    "expired",
+    "model",
+    "error",
+    "protocol",
+    "late_replies",
+    "bytes_out",
+    "bytes_in",
+)
 _HELPER_SAID = {"busy": "busy", "expired": "expired", "model": "model", "error": "error", "bad": "protocol"}
 
 
@@ -127,7 +144,7 @@ class OffloadClient:
         self.connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._wall = wall
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.dropped: Counter[str] = Counter()
         self._connections: dict[Address, _HelperConnection] = {}
         self._connecting: dict[Address, asyncio.Future[_HelperConnection]] = {}
@@ -206,8 +223,6 @@ class OffloadClient:
     async def close(self) -> None:
         """Closes every connection; requests in flight fail "lost", later ones "refused"."""
         self._closed = True
-        for pending in list(self._connecting.values()):
-            pending.cancel()
         for conn in list(self._connections.values()):
             conn.close()
 
@@ -241,6 +256,9 @@ class OffloadClient:
             )
         except (OSError, asyncio.TimeoutError) as exc:
             raise OffloadError("refused", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timed out'}") from None
+        if self._closed:  # closed while connecting: requests waiting for this attempt are refused
+            conn.close()
+            raise OffloadError("refused", "the offload client is closed")
         self.counters["connects"] += 1
         self._connections[addr] = conn
         return conn
