@@ -38,6 +38,7 @@ from edgerun.offload.protocol import (
     OffloadError,
     OffloadProtocolError,
     decode_reply,
+    decode_request,
     encode_request,
     open_envelope,
     seal_frame,
@@ -191,7 +192,7 @@ class OffloadClient:
         left_ms = int((deadline_s - self._clock()) * 1000.0)
         if left_ms <= 0:
             raise self._fail("late", "the deadline passed before the request was sent")
-        budget = min(left_ms, MAX_BUDGET_MS) if request.budget_ms <= 0 else min(left_ms, request.budget_ms)
+        budget = min(left_ms, MAX_BUDGET_MS, request.budget_ms if request.budget_ms > 0 else MAX_BUDGET_MS)
         request_id = conn.next_id
         conn.next_id += 1
         request = msgspec.structs.replace(request, id=request_id, budget_ms=budget)
@@ -199,6 +200,11 @@ class OffloadClient:
         if len(plaintext) + OVERHEAD > MAX_REQUEST_BYTES:
             self._count("oversized_out", addr)
             raise self._fail("protocol", f"request of {len(plaintext)} bytes is over {MAX_REQUEST_BYTES}")
+        try:
+            decode_request(plaintext)  # what the helper would drop unanswered (a deadline lost) fails here, named
+        except OffloadProtocolError as exc:
+            self._count("invalid_out", addr, exc)
+            raise self._fail("protocol", str(exc)) from None
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         conn.pending[request_id] = future
         try:

@@ -535,3 +535,16 @@ def test_a_frame_that_stalls_half_way_is_closed_after_the_frame_timeout():
             assert server.unauth_buffered == 0  # its connection and declared body given back
 
     asyncio.run(main())
+
+
+def test_a_request_the_helper_would_refuse_is_refused_before_it_is_sent():
+    async def main() -> None:
+        async with _hop(_empty) as (server, client, addr):
+            request = msgspec.structs.replace(_request(), model="not-a-hash")
+            with pytest.raises(OffloadError, match="model") as info:
+                await client.infer(addr, request, time.monotonic() + 30)
+            assert info.value.reason == "protocol"
+            assert client.stats["dropped"] == {"invalid_out": 1} and client.stats["bytes_out"] == 0
+            assert server.stats["requests"] == 0
+
+    asyncio.run(main())
