@@ -23,6 +23,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from edgerun.bench.tracing import run_tracing_bench_command
 
         return run_tracing_bench_command(args)
+    if args.offload_codec:
+        from edgerun.bench.offload_codec import run_offload_codec_bench_command
+
+        return run_offload_codec_bench_command(args)
     if args.failover:
         from edgerun.bench.failover import run_failover_bench_command
 
@@ -60,6 +64,11 @@ def add_bench_parser(sub: Any) -> None:
         "--tracing",
         action="store_true",
         help="measure what tracing costs instead: node fps with tracing off, at 1 %% and at 100 %% sampling",
+    )
+    bench.add_argument(
+        "--offload-codec",
+        action="store_true",
+        help="measure offload codecs instead: bytes per frame and encode+decode ms, jpeg vs zstd vs float32 zstd",
     )
     bench.add_argument("--repeats", type=int, default=10, help="--failover: injected faults of each kind")
     bench.add_argument(

@@ -38,6 +38,7 @@ from edgerun.offload.protocol import (
     OffloadError,
     OffloadProtocolError,
     decode_reply,
+    decode_request,
     encode_request,
     open_envelope,
     seal_frame,
@@ -47,6 +48,23 @@ from swarm.keyring import KIND_OFFLOAD_REPLY, KIND_OFFLOAD_REQUEST, OVERHEAD, Ke
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
+# Always in stats, zero or not (one per way a request ends, and the bytes).
+COUNTERS = (
+    "requests",
+    "replies",
+    "late",
+    "lost",
+    "refused",
+    "window",
+    "busy",
+    "expired",
+    "model",
+    "error",
+    "protocol",
+    "late_replies",
+    "bytes_out",
+    "bytes_in",
+)
 _HELPER_SAID = {"busy": "busy", "expired": "expired", "model": "model", "error": "error", "bad": "protocol"}
 
 
@@ -127,7 +145,7 @@ class OffloadClient:
         self.connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._wall = wall
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.dropped: Counter[str] = Counter()
         self._connections: dict[Address, _HelperConnection] = {}
         self._connecting: dict[Address, asyncio.Future[_HelperConnection]] = {}
@@ -174,7 +192,7 @@ class OffloadClient:
         left_ms = int((deadline_s - self._clock()) * 1000.0)
         if left_ms <= 0:
             raise self._fail("late", "the deadline passed before the request was sent")
-        budget = min(left_ms, MAX_BUDGET_MS) if request.budget_ms <= 0 else min(left_ms, request.budget_ms)
+        budget = min(left_ms, MAX_BUDGET_MS, request.budget_ms if request.budget_ms > 0 else MAX_BUDGET_MS)
         request_id = conn.next_id
         conn.next_id += 1
         request = msgspec.structs.replace(request, id=request_id, budget_ms=budget)
@@ -182,6 +200,11 @@ class OffloadClient:
         if len(plaintext) + OVERHEAD > MAX_REQUEST_BYTES:
             self._count("oversized_out", addr)
             raise self._fail("protocol", f"request of {len(plaintext)} bytes is over {MAX_REQUEST_BYTES}")
+        try:
+            decode_request(plaintext)  # what the helper would drop unanswered (a deadline lost) fails here, named
+        except OffloadProtocolError as exc:
+            self._count("invalid_out", addr, exc)
+            raise self._fail("protocol", str(exc)) from None
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         conn.pending[request_id] = future
         try:
@@ -206,8 +229,6 @@ class OffloadClient:
     async def close(self) -> None:
         """Closes every connection; requests in flight fail "lost", later ones "refused"."""
         self._closed = True
-        for pending in list(self._connecting.values()):
-            pending.cancel()
         for conn in list(self._connections.values()):
             conn.close()
 
@@ -241,6 +262,9 @@ class OffloadClient:
             )
         except (OSError, asyncio.TimeoutError) as exc:
             raise OffloadError("refused", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timed out'}") from None
+        if self._closed:  # closed while connecting: requests waiting for this attempt are refused
+            conn.close()
+            raise OffloadError("refused", "the offload client is closed")
         self.counters["connects"] += 1
         self._connections[addr] = conn
         return conn

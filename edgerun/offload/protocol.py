@@ -5,10 +5,10 @@ envelope`` and the envelope is the swarm keyring's (``swarm.keyring``: XChaCha20
 counter) of kind ``KIND_OFFLOAD_REQUEST`` or ``KIND_OFFLOAD_REPLY``, so a gossip packet can never be replayed as
 an offload request or reply. Inside is one msgpack array: ``InferRequest`` or ``InferReply``.
 
-TCP and not UDP: a model-size JPEG is 3-20 KB, 3-15 IP packets on a 1500 MTU mesh. As datagrams, one lost
-fragment loses the frame (10 % loss: 0.9^10, about a third of the frames arrive); TCP repairs a lost segment
-within about one round trip and pipelines frames in its window, and the per-frame deadline bounds what a stall
-costs.
+TCP and not UDP: a model-size JPEG is 5-20 KB, 4-13 IP packets on a 1500 MTU mesh (docs/offload.md). As
+datagrams, one lost fragment loses the frame (10 % loss: 0.9^10, about a third of the frames arrive); TCP
+repairs a lost segment within about one round trip and pipelines frames in its window, and the per-frame
+deadline bounds what a stall costs.
 
 Untrusted bytes: the length prefix is checked before a byte of the body is read, the envelope is opened before
 the plaintext is looked at, and every field is bounded by the Structs' own constraints. Parsing raises
@@ -68,7 +68,7 @@ class InferRequest(msgspec.Struct, array_like=True):
     """One frame for the helper: the model-size BGR uint8 image, encoded by ``codec``."""
 
     id: _Id  # per connection, increasing; the client assigns it
-    model: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]  # the served model's hash, 16 hex chars
+    model: Annotated[str, msgspec.Meta(pattern=r"\A[0-9a-f]{16}\Z")]  # the served model's hash, 16 hex chars
     codec: Annotated[str, msgspec.Meta(max_length=16)]  # one of CODECS; another is answered "bad"
     height: _Side
     width: _Side

@@ -55,6 +55,8 @@ Address = tuple[str, int]
 CONNECTION_COST = 4096  # charged per connection until it authenticates: 1024 idle sockets fill 4 MiB
 FRAME_TIMEOUT_S = 10.0
 SERVED_WINDOW_S = 5.0  # served_fps is the rate over this much recent time
+# Always in stats, zero or not; "bad": the image did not decode (dropped[reason] says why).
+COUNTERS = ("requests", "served", "busy", "expired", "model", "errors", "bad", "bytes_in", "bytes_out")
 
 
 @dataclass(slots=True)
@@ -222,7 +224,7 @@ class OffloadServer:
         self.frame_timeout_s = frame_timeout_s
         self._clock = clock
         self._wall = wall
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
         self.dropped: Counter[str] = Counter()
         self._waiting = 0  # requests handed to the pool that no worker has picked up yet
         self._waiting_lock = threading.Lock()
@@ -293,7 +295,7 @@ class OffloadServer:
         self.counters["requests"] += 1
         traceparent = request.traceparent
         if not valid_traceparent(traceparent):
-            self._count("traceparent", conn.peer)
+            self.counters["traceparent_ignored"] += 1
             traceparent = ""  # a bad trace header costs the trace, not the frame
         with self._waiting_lock:
             full = self._waiting >= self.max_queue
@@ -322,13 +324,13 @@ class OffloadServer:
             return InferReply(request.id, "bad", queue_ms=round(queue_ms, 3)), "bad", exc
         try:
             result = self._serve(request.model, image, traceparent)
+            if result.status == "ok" and result.detections is not None:
+                reply = detections_to_reply(request.id, result.detections, result.infer_ms, queue_ms)
+                return reply, "served", None
         except Exception:
             if self.counters["errors"] == 0:
                 log.exception("offload %s: serve failed on a frame", self.node_name)
             return InferReply(request.id, "error", queue_ms=round(queue_ms, 3)), "errors", None
-        if result.status == "ok" and result.detections is not None:
-            reply = detections_to_reply(request.id, result.detections, result.infer_ms, queue_ms)
-            return reply, "served", None
         status = result.status if result.status in STATUSES and result.status != "ok" else "error"
         reply = detections_to_reply(request.id, Detections.empty(), result.infer_ms, queue_ms)
         reply.status = status

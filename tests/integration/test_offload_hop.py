@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -488,5 +489,62 @@ def test_a_request_whose_budget_ran_out_in_the_queue_is_expired_without_serving(
             assert info.value.reason == "expired"
             assert gate.calls == 1  # serve never saw the expired frame
             assert server.stats["expired"] == 1 and client.stats["expired"] == 1
+
+    asyncio.run(main())
+
+
+def test_what_serve_says_reaches_the_origin():
+    """``serve`` refuses one model and fails on another (injected: a helper's engine raising)."""
+    seen: list[str] = []
+
+    def serve(model: str, image: np.ndarray, traceparent: str) -> ServeResult:
+        seen.append(traceparent)
+        if model == "ffffffffffffffff":
+            return ServeResult(None, status="model")
+        if model == "eeeeeeeeeeeeeeee":
+            raise RuntimeError("the engine fell over")
+        return ServeResult(Detections.empty(), infer_ms=2.0)
+
+    async def main() -> None:
+        async with _hop(serve) as (server, client, addr):
+            for model, reason in (("ffffffffffffffff", "model"), ("eeeeeeeeeeeeeeee", "error")):
+                request = msgspec.structs.replace(_request(), model=model)
+                with pytest.raises(OffloadError) as info:
+                    await client.infer(addr, request, time.monotonic() + 30)
+                assert info.value.reason == reason
+            # A trace header that is not W3C costs the trace, not the frame.
+            request = msgspec.structs.replace(_request(), traceparent="00-not-a-trace")
+            assert (await client.infer(addr, request, time.monotonic() + 30)).status == "ok"
+            assert seen == ["", "", ""]
+            stats = server.stats
+            assert (stats["model"], stats["errors"], stats["served"], stats["traceparent_ignored"]) == (1, 1, 1, 1)
+            assert stats["dropped"] == {}
+            assert (client.stats["model"], client.stats["error"], client.stats["replies"]) == (1, 1, 3)
+
+    asyncio.run(main())
+
+
+def test_a_frame_that_stalls_half_way_is_closed_after_the_frame_timeout():
+    async def main() -> None:
+        async with _hop(_empty, frame_timeout_s=0.2) as (server, _client, addr):
+            reader, writer = await _raw(addr)
+            writer.write((1000).to_bytes(LENGTH_BYTES, "big") + b"x" * 10)  # then nothing more
+            assert await _closed(reader)
+            writer.close()
+            assert server.stats["dropped"] == {"timeout": 1}
+            assert server.unauth_buffered == 0  # its connection and declared body given back
+
+    asyncio.run(main())
+
+
+def test_a_request_the_helper_would_refuse_is_refused_before_it_is_sent():
+    async def main() -> None:
+        async with _hop(_empty) as (server, client, addr):
+            request = msgspec.structs.replace(_request(), model="not-a-hash")
+            with pytest.raises(OffloadError, match="model") as info:
+                await client.infer(addr, request, time.monotonic() + 30)
+            assert info.value.reason == "protocol"
+            assert client.stats["dropped"] == {"invalid_out": 1} and client.stats["bytes_out"] == 0
+            assert server.stats["requests"] == 0
 
     asyncio.run(main())

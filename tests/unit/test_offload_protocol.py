@@ -100,6 +100,7 @@ def test_detections_without_keypoints_come_back_without_keypoints():
         ({"width": 4097}, "width"),
         ({"model": "0123456789ABCDEF"}, "model"),
         ({"model": "0123"}, "model"),
+        ({"model": MODEL + "\n"}, "model"),
         ({"budget_ms": -1}, "budget_ms"),
         ({"budget_ms": 60_001}, "budget_ms"),
         ({"traceparent": "x" * 56}, "traceparent"),
