@@ -77,12 +77,14 @@ bench: $(MODELS)
 # The swarm's benchmarks (#21), JSON under bench-results/: the MAVLink swarm with real autopilot bytes (three
 # drones launched far apart at different heights, one face: the fleet object's miss and stated uncertainty);
 # at-least-once dedup and membership in the simulator over 20 seeds (20 drones, 10 % loss, 300 s: recall,
-# duplicates, bytes, death detection), and again with two CPU-starved drones.
+# duplicates, bytes, death detection), and again with two CPU-starved drones; what member metadata and the
+# offload capabilities in it cost the gossip (#25), bytes per node per second side by side.
 bench-swarm: $(MODELS)
 	-@bash .ci/install-system-deps demo
 	mkdir -p bench-results
 	nice -n 10 $(BIN)/python -m swarm.sim --seeds 1-20 --jobs 2 --json bench-results/swarm_dedup.json > /dev/null
 	nice -n 10 $(BIN)/python -m swarm.sim --seeds 1-20 --jobs 2 --starve 2 --json bench-results/swarm_starve2.json > /dev/null
+	nice -n 10 $(BIN)/python -m edgerun.bench.capabilities_gossip --json bench-results/swarm_capabilities.json > /dev/null
 	EDGERUN_BENCH_JSON=bench-results/swarm_mavlink.json $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/integration/test_swarm_mavlink.py
 

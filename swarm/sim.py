@@ -75,6 +75,8 @@ class SimConfig:
     # fixes are gossiped as lat/lon through its tangent plane, and reports are scored back in it.
     anchor: tuple[float, float, float] = DEFAULT_ANCHOR
     detect_prob: float = 0.9
+    # How often each member is asked for new metadata (SwarmSim.member_meta); 0: members carry none.
+    meta_tick_s: float = 0.0
     timing: SwarmTiming = field(default_factory=SwarmTiming)
     dedup: DedupConfig = field(default_factory=DedupConfig)
 
@@ -134,6 +136,9 @@ class SwarmSim:
                 drone = _Drone(Dedup(name, cfg.dedup, now=0.0), *self._random_point(), goal=self._random_point())
                 self.drones.append(drone)
                 self.net.input(host, cfg.takeoff_s + self.rng.uniform(0, 1 / cfg.frame_hz), self._frame_step(i))
+            if cfg.meta_tick_s > 0:  # its own stream: the run's other draws stay those of a run without metadata
+                stagger = random.Random(cfg.seed * 31 + i).uniform(0, cfg.meta_tick_s)
+                self.net.input(host, stagger, self._meta_step(i))
         self.net.on_event = self._on_event
         self.starved = sorted(self.names[i] for i in starved)
 
@@ -184,6 +189,23 @@ class SwarmSim:
             for key, payload in drone.dedup.outgoing():
                 host.membership.queue_broadcast(key, payload)
             self.net.input(host, now + period, step)
+
+        return step
+
+    def member_meta(self, index: int, now: float) -> bytes | None:
+        """The metadata member ``index`` gossips from ``now`` on, or None to keep what it has; asked every
+        ``meta_tick_s``. The simulator knows no metadata format: a subclass supplies one (edgerun's bench of
+        offload capabilities does), with the drone's position in ``self.drones[index]``."""
+        return None
+
+    def _meta_step(self, index: int) -> Callable[[float], None]:
+        host = self.hosts[index]
+
+        def step(now: float) -> None:
+            meta = self.member_meta(index, now)
+            if meta is not None:
+                host.membership.set_meta(meta, now)
+            self.net.input(host, now + self.cfg.meta_tick_s, step)
 
         return step
 

@@ -23,7 +23,7 @@ from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.find_images import FindCropper, FindImages
 from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
-from edgerun.offload.capabilities import capabilities_due
+from edgerun.offload.capabilities import CAPABILITY_CHANGE, CAPABILITY_INTERVAL_S, capabilities_due
 from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, Observation, deferral_s
@@ -75,13 +75,21 @@ def load_swarm_keyring(path: str) -> Any:
         raise ConfigError(f"swarm.key_file: {path}: {err.strerror or err}") from None
 
 
-def meta_worth_gossiping(meta: MemberMeta, sent: tuple[MemberMeta, float] | None, now: float) -> bool:
+def meta_worth_gossiping(
+    meta: MemberMeta,
+    sent: tuple[MemberMeta, float] | None,
+    now: float,
+    *,
+    capability_interval_s: float = CAPABILITY_INTERVAL_S,
+    capability_change: float = CAPABILITY_CHANGE,
+) -> bool:
     """Whether ``meta`` is worth gossiping (``sent``: the last gossiped and when): every update is a new
     incarnation sent to the whole swarm.
 
     Model, engine, health changes go out at once; offload capabilities as ``capabilities_due`` says (what is
-    served at once, capacity at most every 5 s on a 20 % move); the camera's position when it moved more than
-    META_MOVE_M or turned more than META_TURN_DEG; fps and the rest with a refresh every META_REFRESH_S.
+    served at once, capacity at most every ``capability_interval_s`` on a ``capability_change`` move); the
+    camera's position when it moved more than META_MOVE_M or turned more than META_TURN_DEG; fps and the rest
+    with a refresh every META_REFRESH_S.
     """
     if sent is None:
         return True
@@ -94,7 +102,7 @@ def meta_worth_gossiping(meta: MemberMeta, sent: tuple[MemberMeta, float] | None
         last.health,
     ):
         return True
-    if capabilities_due(meta, last, at, now):
+    if capabilities_due(meta, last, at, now, interval_s=capability_interval_s, change=capability_change):
         return True
     if now - at >= META_REFRESH_S:
         return True
