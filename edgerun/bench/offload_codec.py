@@ -11,12 +11,15 @@ encode + decode time (median of ``repeats``) for
   would cost; not a wire codec).
 
 It also runs the model on the JPEG-decoded image and says how far its detections moved from those of the exact
-image, so the choice of codec shows its cost in accuracy beside its bytes.
+image, so the choice of codec shows its cost in accuracy beside its bytes; and ``hop_loopback`` times whole
+round trips through OffloadClient and OffloadServer on 127.0.0.1 with a helper that finds nothing, so the
+hop's own cost (encode, seal, TCP, open, decode, reply) shows without any engine's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import statistics
@@ -144,6 +147,46 @@ def _box_shift(exact: Any, got: Any) -> dict[str, Any]:
     return {"detections": len(got), "max_box_shift": shift}
 
 
+def bench_hop_loopback(side: int, frames: int) -> dict[str, Any]:
+    """Median and p90 round trip (ms) of ``frames`` sequential requests per codec, astronaut at ``side`` px."""
+    import cv2
+
+    from edgerun.offload.client import OffloadClient
+    from edgerun.offload.server import OffloadServer, ServeResult
+    from edgerun.testing.ports import LOOPBACK, free_port
+    from edgerun.types import Detections
+
+    image = np.ascontiguousarray(cv2.resize(_photo("astronaut"), (side, side), interpolation=cv2.INTER_AREA))
+
+    def serve(model: str, frame: np.ndarray, traceparent: str) -> ServeResult:
+        return ServeResult(Detections.empty())
+
+    async def main() -> dict[str, Any]:
+        key = bytes(32)
+        server = OffloadServer(Keyring([key]), "helper", serve)
+        addr = await server.start((LOOPBACK, free_port()))
+        client = OffloadClient(Keyring([key]), "origin")
+        result: dict[str, Any] = {"input": f"{side}x{side}", "frames": frames}
+        try:
+            for name in ("jpeg", "zstd"):
+                times = []
+                for _ in range(frames):
+                    start = time.perf_counter()
+                    data = codec.encode(image, name)
+                    request = InferRequest(0, "0" * 16, name, side, side, 0, "", data)
+                    await client.infer(addr, request, time.monotonic() + 5.0)
+                    times.append((time.perf_counter() - start) * 1000.0)
+                times.sort()
+                result[f"{name}_ms_p50"] = round(statistics.median(times), 3)
+                result[f"{name}_ms_p90"] = round(times[int(0.9 * (len(times) - 1))], 3)
+        finally:
+            await client.close()
+            await server.close()
+        return result
+
+    return asyncio.run(main())
+
+
 def run_offload_codec_bench(repeats: int = 50) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for model in MODELS:
@@ -169,6 +212,7 @@ def run_offload_codec_bench(repeats: int = 50) -> dict[str, Any]:
         "zstd_level": codec.ZSTD_LEVEL,
         "photos": list(PHOTOS),
         "summary": summary,
+        "hop_loopback": [bench_hop_loopback(side, 4 * repeats) for side in (128, 224)],
         "rows": rows,
     }
 
@@ -179,6 +223,11 @@ def format_offload_codec_table(result: dict[str, Any]) -> str:
         lines.append(
             f"{key:<30} {row['input']:>8} {row['bytes_median']:>8} {row['frame_bytes_median']:>8} "
             f"{row['tcp_segments_max']:>5} {row['encode_decode_ms_median']:>11}"
+        )
+    for hop in result["hop_loopback"]:
+        lines.append(
+            f"loopback round trip {hop['input']}: jpeg {hop['jpeg_ms_p50']} ms (p90 {hop['jpeg_ms_p90']}), "
+            f"zstd {hop['zstd_ms_p50']} ms (p90 {hop['zstd_ms_p90']})"
         )
     return "\n".join(lines)
 

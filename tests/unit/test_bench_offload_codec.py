@@ -28,6 +28,10 @@ def test_every_model_photo_and_codec_is_measured_and_consistent():
             assert floats["raw_bytes"] == 4 * raw["raw_bytes"]
             assert jpeg["bytes"] < raw["bytes"] < raw["raw_bytes"]
             assert raw["bytes"] < floats["bytes"]
+    # Whole round trips through a real client and server on loopback, for both wire codecs.
+    assert [hop["input"] for hop in result["hop_loopback"]] == ["128x128", "224x224"]
+    for hop in result["hop_loopback"]:
+        assert 0 < hop["jpeg_ms_p50"] <= hop["jpeg_ms_p90"] and 0 < hop["zstd_ms_p50"] <= hop["zstd_ms_p90"]
 
 
 def test_the_bench_command_writes_its_json(tmp_path, capsys):
