@@ -209,7 +209,7 @@ def test_round_trip_estimates_converge_to_each_links_round_trip() -> None:
 
 def test_resent_and_indirect_probes_give_no_round_trip_sample() -> None:
     # 20 % loss: many probes need the resend; were the resend's ack timed from the first ping, the estimate
-    # would jump by half the probe timeout (250 ms)
+    # would jump by half the probe timeout (125 ms)
     net, (m0, m1, m2) = rtt_cluster(loss=0.2)
     net.run_until(120.0)
     assert m0.stats["probe_resends"] > 10
