@@ -9,7 +9,9 @@ that to ship files inside the model:
   that used the TFLite Support metadata writer with one associated file holding
   ``str(metadata)``, a Python literal;
 * TFLite Model Metadata (the TFLite Support writer) packs its associated files
-  the same way, the label map among them (one label a line).
+  the same way, the label map among them (one label a line); which file is an
+  output's label map, and how the input is normalised, its metadata flatbuffer
+  says (``edgerun.models.tflite_model_metadata``).
 
 An Edge TPU-compiled file holds its compiled subgraph as a custom operator
 named ``edgetpu-custom-op``, which no CPU kernel runs.
@@ -26,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from edgerun.errors import ModelError
+from edgerun.models import tflite_model_metadata
+from edgerun.models.tflite_model_metadata import ModelMetadata
 
 EDGETPU_OP = "edgetpu-custom-op"
 TFLITE_IDENTIFIER = b"TFL3"  # the flatbuffer's file identifier, at byte 4
-METADATA_BUFFER = b"TFLITE_METADATA"  # the metadata entry holding TFLite Model Metadata ...
-METADATA_IDENTIFIER = b"M001"  # ... a flatbuffer with this identifier
 # Associated files larger than this are not labels or metadata (some exporters pack vocabularies).
 MAX_MEMBER_BYTES = 1 << 20
 
@@ -43,6 +45,7 @@ class TFLiteInfo:
     labels_source: str = ""
     members: list[str] = field(default_factory=list)
     model_name: str | None = None  # the name in the file's TFLite Model Metadata (MediaPipe's files carry one)
+    metadata: ModelMetadata | None = None  # the file's TFLite Model Metadata, where it has any
 
 
 def read(path: Path) -> TFLiteInfo:
@@ -53,12 +56,17 @@ def read(path: Path) -> TFLiteInfo:
         raise ModelError(f"{path}: cannot read ({err.strerror or err})") from None
     if data[4:8] != TFLITE_IDENTIFIER:
         raise ModelError(f"{path}: not a TFLite flatbuffer (no {TFLITE_IDENTIFIER.decode()} identifier)")
-    info = TFLiteInfo(edgetpu=has_custom_op(data, EDGETPU_OP), model_name=metadata_name(data))
+    metadata = tflite_model_metadata.read(data)
+    info = TFLiteInfo(edgetpu=has_custom_op(data, EDGETPU_OP), model_name=(metadata.name or None) if metadata else None)
+    info.metadata = metadata
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile:
         return info  # nothing appended: a plain TFLite file
     with archive:
+        named = _metadata_labels(archive, metadata)
+        if named is not None:
+            info.labels, info.labels_source = named
         for entry in archive.infolist():
             info.members.append(entry.filename)
             if entry.file_size > MAX_MEMBER_BYTES:
@@ -80,6 +88,31 @@ def read(path: Path) -> TFLiteInfo:
     return info
 
 
+def _metadata_labels(archive: zipfile.ZipFile, metadata: ModelMetadata | None) -> tuple[list[str], str] | None:
+    """The label map the metadata names for an output (its ``TENSOR_AXIS_LABELS`` file), read from the archive."""
+    if metadata is None:
+        return None
+    for i, tensor in enumerate(metadata.outputs):
+        name = tensor.label_file()
+        if name is None:
+            continue
+        try:
+            entry = archive.getinfo(name)
+            if entry.file_size > MAX_MEMBER_BYTES:
+                return None
+            text = archive.read(entry).decode("utf-8")
+        except (KeyError, zipfile.BadZipFile, UnicodeDecodeError, OSError, RuntimeError, ValueError):
+            return None  # named but missing or unreadable: the plain .txt search below may still find labels
+        labels = [line.strip() for line in text.splitlines()]
+        while labels and not labels[-1]:
+            labels.pop()
+        if not labels or "" in labels:
+            return None
+        where = f"{name}, the axis labels of output {i} {tensor.name!r} in the file's TFLite Model Metadata"
+        return labels, where
+    return None
+
+
 def _ultralytics(name: str, text: str) -> dict[str, Any] | None:
     """Ultralytics metadata in a packed file: JSON (``metadata.json``) or an older ``str(dict)`` literal."""
     value: Any = None
@@ -95,39 +128,6 @@ def _ultralytics(name: str, text: str) -> dict[str, Any] | None:
             return None
     if isinstance(value, dict) and (value.get("author") == "Ultralytics" or {"names", "imgsz"} <= value.keys()):
         return value
-    return None
-
-
-def metadata_name(data: bytes) -> str | None:
-    """The model name in the TFLite Model Metadata (the ``TFLITE_METADATA`` buffer), or None.
-
-    Read with the tflite schema package where it is installed: the metadata is
-    a ``ModelMetadata`` flatbuffer whose first field is its name. Only shown to
-    the user; nothing is decided by it.
-    """
-    try:
-        import flatbuffers
-        import tflite
-    except ImportError:
-        return None
-    try:
-        model = tflite.Model.GetRootAsModel(data, 0)
-        for i in range(model.MetadataLength()):
-            entry = model.Metadata(i)
-            if entry.Name() != METADATA_BUFFER:
-                continue
-            buffer = model.Buffers(entry.Buffer())
-            blob = buffer.DataAsNumpy().tobytes() if buffer.DataLength() else b""
-            if not blob and buffer.Size():  # large models keep buffers after the flatbuffer
-                blob = data[buffer.Offset() : buffer.Offset() + buffer.Size()]
-            if blob[4:8] != METADATA_IDENTIFIER:
-                return None
-            table = flatbuffers.table.Table(blob, flatbuffers.encode.Get(flatbuffers.packer.uoffset, blob, 0))
-            offset = table.Offset(4)  # vtable slot of field 0, ModelMetadata.name
-            name = table.String(offset + table.Pos) if offset else None
-            return (name.decode("utf-8", "replace").strip() or None) if name else None
-    except Exception:  # a corrupt flatbuffer raises whatever the generated reader hits
-        return None
     return None
 
 
