@@ -131,3 +131,13 @@ def test_top5_match_an_independent_litert_call(imported, efficientnet_lite0_tfli
     best5 = np.sort(probs)[::-1][:TOP_K]
     np.testing.assert_allclose(np.sort(scores)[::-1], best5, atol=SCORE_TOLERANCE)
     assert set(ids.tolist()) <= set(np.flatnonzero(probs >= best5[-1] - SCORE_TOLERANCE).tolist())
+
+
+def test_inspect_names_the_class_of_a_photo_and_counts_the_labels(imported, tmp_path, capsys):
+    photo = tmp_path / "chelsea.png"
+    cv2.imwrite(str(photo), cv2.cvtColor(photo_rgb("chelsea"), cv2.COLOR_RGB2BGR))
+    assert edgerun_main(["model", "inspect", str(imported.bundle.root), "--image", str(photo)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("magpie, chickadee, ... (1000 in all)")
+    assert "prep     stretch rgb mean [131.0, 131.0, 131.0]" in out
+    assert "chelsea.png: 5 detection(s)\n           Egyptian cat 0.793 at [0.0, 0.0, 451.0, 300.0]" in out
