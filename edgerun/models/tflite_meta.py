@@ -151,3 +151,59 @@ def has_custom_op(data: bytes, op_name: str) -> bool:
     except Exception:  # a corrupt flatbuffer raises whatever the generated reader hits
         return op_name.encode() in data
     return False
+
+
+# TensorType codes of the TFLite schema, named as the tensors are shown to the user.
+TENSOR_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16", 9: "int8"}
+
+
+@dataclass(frozen=True)
+class TensorSignature:
+    name: str
+    shape: tuple[int, ...]
+    type: str
+
+    def describe(self) -> str:
+        return f"{self.name!r} [{', '.join(str(d) for d in self.shape)}] {self.type}"
+
+
+def io_signature(path: Path) -> tuple[list[TensorSignature], list[TensorSignature]]:
+    """The inputs and outputs of the first subgraph, read from the flatbuffer (a compiled file runs nowhere here)."""
+    try:
+        from ai_edge_litert import schema_py_generated as schema
+    except ImportError:
+        import tflite as schema
+    data = path.read_bytes()
+    try:
+        model = schema.Model.GetRootAsModel(data, 0)
+        if model.SubgraphsLength() < 1:
+            return [], []
+        graph = model.Subgraphs(0)
+
+        def tensor(index: int) -> TensorSignature:
+            t = graph.Tensors(index)
+            shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+            name = (t.Name() or b"").decode("utf-8", "replace")
+            return TensorSignature(name, shape, TENSOR_TYPES.get(int(t.Type()), f"type {t.Type()}"))
+
+        inputs = [tensor(graph.Inputs(i)) for i in range(graph.InputsLength())]
+        outputs = [tensor(graph.Outputs(i)) for i in range(graph.OutputsLength())]
+    except Exception:  # a corrupt flatbuffer raises whatever the generated reader hits
+        raise ModelError(f"{path}: its tensors cannot be read from the flatbuffer") from None
+    return inputs, outputs
+
+
+def signature_mismatch(compiled: Path, cpu: Path) -> str | None:
+    """Where an Edge TPU file's inputs and outputs differ from its CPU file's (shape and type, in order), or None.
+
+    The compiler keeps the model's inputs and outputs; a CPU file whose tensors
+    differ is another model, and failing over to it would feed it the wrong input.
+    """
+    (tpu_in, tpu_out), (cpu_in, cpu_out) = io_signature(compiled), io_signature(cpu)
+    for kind, tpu, cpu_side in (("input", tpu_in, cpu_in), ("output", tpu_out, cpu_out)):
+        if len(tpu) != len(cpu_side):
+            return f"{len(cpu_side)} {kind}s, the Edge TPU file {len(tpu)}"
+        for i, (a, b) in enumerate(zip(tpu, cpu_side)):
+            if (a.shape, a.type) != (b.shape, b.type):
+                return f"{kind} {i} {b.describe()}, the Edge TPU file's {a.describe()}"
+    return None
