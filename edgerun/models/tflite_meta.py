@@ -103,6 +103,8 @@ def _metadata_labels(archive: zipfile.ZipFile, metadata: ModelMetadata | None) -
             text = archive.read(entry).decode("utf-8")
         except (KeyError, zipfile.BadZipFile, UnicodeDecodeError, OSError, RuntimeError, ValueError):
             return None  # named but missing or unreadable: the plain .txt search below may still find labels
+        if _ultralytics(name, text) is not None:
+            return None  # older Ultralytics exports pack str(metadata) as the "label" file; read as such below
         labels = [line.strip() for line in text.splitlines()]
         while labels and not labels[-1]:
             labels.pop()

@@ -31,7 +31,7 @@ from edgerun.engines.factory import build_runtime
 from edgerun.engines.tflite import TFLiteEngine
 from edgerun.models.bundle import ModelBundle
 from edgerun.models.importer import import_model
-from tests.unit.test_model_import import photo_rgb
+from tests.unit.test_model_import import one_line_exit_2, photo_rgb
 
 # Photos with an ImageNet object in them, and the class a person would name.
 PHOTOS = {"chelsea": "Egyptian cat", "coffee": "espresso", "camera": "tripod", "rocket": "missile"}
@@ -141,3 +141,26 @@ def test_inspect_names_the_class_of_a_photo_and_counts_the_labels(imported, tmp_
     assert out.splitlines()[0].endswith("magpie, chickadee, ... (1000 in all)")
     assert "prep     stretch rgb mean [131.0, 131.0, 131.0]" in out
     assert "chelsea.png: 5 detection(s)\n           Egyptian cat 0.793 at [0.0, 0.0, 451.0, 300.0]" in out
+
+
+def test_a_float_input_takes_the_metadatas_normalisation(deeplabv3_tflite, tmp_path, capsys):
+    """The sdist's other file, DeepLabV3: a float input whose metadata says mean 127.5, std 127.5 ([-1, 1]).
+
+    Its segmentation head is refused in one line (edgerun decodes boxes and classes); the normalisation the
+    import would write is what its metadata states, stretched as the Task Library feeds it.
+    """
+    from edgerun.models import tflite_meta
+    from edgerun.models.importer import _preprocess
+
+    err = one_line_exit_2(["model", "import", str(deeplabv3_tflite), "--out", str(tmp_path / "b")], capsys)
+    assert "output 'ResizeBilinear_3' [1, 257, 257, 21] is no head edgerun decodes" in err
+    engine = TFLiteEngine(deeplabv3_tflite, EngineOptions(device="cpu", num_threads=1))
+    try:
+        spec, source = _preprocess(engine.input_spec, None, tflite_meta.read(deeplabv3_tflite).metadata)
+    finally:
+        engine.close()
+    assert spec == {"resize": "stretch", "color": "rgb", "pad_value": 0, "mean": [127.5] * 3, "std": [127.5] * 3}
+    assert source == (
+        "NormalizationOptions mean 127.5 std 127.5, Stats [-1, 1] of input 'image' in the file's TFLite Model "
+        "Metadata; stretched, as the TFLite Task Library feeds it"
+    )
