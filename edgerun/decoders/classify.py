@@ -73,9 +73,12 @@ class ClassifyDecoder(Decoder):
             np.exp(probs, out=probs)
             probs /= probs.sum()
         usable = probs[self._first_class :]
-        # A stable sort of every class, not argpartition: quantised scores tie often, and ties then go to the
-        # lower class id on every run and every machine (some 20 us for 1000 classes).
-        top = np.argsort(-usable, kind="stable")[: self._k]
+        # Quantised scores tie often: every class scoring at least the k-th best, in id order, then a stable
+        # sort, so ties go to the lower class id on every run and machine (argpartition alone picks any).
+        k = self._k
+        kth_best = np.partition(usable, usable.shape[0] - k)[usable.shape[0] - k]
+        candidates = np.flatnonzero(usable >= kth_best)
+        top = candidates[np.argsort(-usable[candidates], kind="stable")][:k]
         scores = usable[top]
         keep = scores >= np.float32(self.min_score_thresh)
         top, scores = top[keep], scores[keep]
