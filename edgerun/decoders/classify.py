@@ -73,12 +73,12 @@ class ClassifyDecoder(Decoder):
             np.exp(probs, out=probs)
             probs /= probs.sum()
         usable = probs[self._first_class :]
+        # Quantised scores tie often: every class scoring at least the k-th best, in id order, then a stable
+        # sort, so ties go to the lower class id on every run and machine (argpartition alone picks any).
         k = self._k
-        if k < usable.shape[0]:
-            top = np.argpartition(-usable, k - 1)[:k]
-        else:
-            top = np.arange(usable.shape[0])
-        top = top[np.argsort(-usable[top], kind="stable")]
+        kth_best = np.partition(usable, usable.shape[0] - k)[usable.shape[0] - k]
+        candidates = np.flatnonzero(usable >= kth_best)
+        top = candidates[np.argsort(-usable[candidates], kind="stable")][:k]
         scores = usable[top]
         keep = scores >= np.float32(self.min_score_thresh)
         top, scores = top[keep], scores[keep]

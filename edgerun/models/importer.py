@@ -34,6 +34,7 @@ from edgerun.engines.base import EngineOptions, TensorSpec
 from edgerun.errors import ModelError
 from edgerun.models import mediapipe
 from edgerun.models.bundle import MANIFEST, ModelBundle, file_sha256, load_bundle, write_manifest
+from edgerun.models.tflite_model_metadata import ModelMetadata, TensorMetadata
 
 # Ultralytics trains and predicts on letterboxed RGB scaled to [0, 1], padded with grey 114
 # (ultralytics/data/augment.py LetterBox), and its predictor keeps boxes at conf >= 0.25, NMS IoU 0.7,
@@ -396,12 +397,17 @@ def ultralytics_yolo_params(meta: UltralyticsMetadata | None, normalized: bool =
     }
 
 
-def _preprocess(input_spec: TensorSpec, meta: UltralyticsMetadata | None) -> tuple[dict[str, Any], str]:
+def _preprocess(
+    input_spec: TensorSpec, meta: UltralyticsMetadata | None, model_metadata: ModelMetadata | None = None
+) -> tuple[dict[str, Any], str]:
     """The bundle's ``[preprocess]`` and where it came from.
 
     mean/std describe the float values the model was trained on; a quantised input
     adds its own scale and zero point on top (the preprocessor folds both together).
     """
+    normalisation = _metadata_normalisation(model_metadata)
+    if meta is None and normalisation is not None:
+        return _task_library_preprocess(input_spec, normalisation)
     if np.issubdtype(input_spec.dtype, np.integer) and not input_spec.quantised:
         spec = {"resize": "letterbox", "color": "rgb", "mean": [0.0] * 3, "std": [1.0] * 3, "pad_value": 0}
         return spec, f"{np.dtype(input_spec.dtype)} input without quantisation: raw pixels"
@@ -421,6 +427,109 @@ def _preprocess(input_spec: TensorSpec, meta: UltralyticsMetadata | None) -> tup
     )
 
 
+def _metadata_normalisation(model_metadata: ModelMetadata | None) -> TensorMetadata | None:
+    """The image input's metadata when it states NormalizationOptions (one value, or one per channel)."""
+    if model_metadata is None or len(model_metadata.inputs) != 1:
+        return None
+    tensor = model_metadata.inputs[0]
+    if not tensor.mean or not tensor.std or len(tensor.mean) not in (1, 3) or len(tensor.std) not in (1, 3):
+        return None
+    if any(s == 0 for s in tensor.std):
+        return None
+    return tensor
+
+
+def _per_channel(values: list[float]) -> list[float]:
+    return [float(v) for v in values] * 3 if len(values) == 1 else [float(v) for v in values]
+
+
+def _task_library_preprocess(input_spec: TensorSpec, tensor: TensorMetadata) -> tuple[dict[str, Any], str]:
+    """``[preprocess]`` as the TFLite Task Library feeds a model with TFLite Model Metadata.
+
+    Its ImagePreprocessor resizes the whole frame to the input (no letterbox) and
+    applies NormalizationOptions to a float input only: a uint8 input takes the raw
+    pixels (its Stats then say [0, 255]), the quantisation standing for the
+    normalisation. Raw pixels are written as mean = zero point, std = 1 / scale, so
+    the preprocessor's quantisation step gives back the pixel itself.
+    """
+    mean, std = _per_channel(tensor.mean or []), _per_channel(tensor.std or [])
+    stated = f"NormalizationOptions mean {_show_floats(tensor.mean)} std {_show_floats(tensor.std)}"
+    stats = ""
+    if tensor.stats_min and tensor.stats_max:
+        stats = f", Stats [{_show_floats(tensor.stats_min)}, {_show_floats(tensor.stats_max)}]"
+    where = f"input {tensor.name!r} in the file's TFLite Model Metadata"
+    spec: dict[str, Any] = {"resize": "stretch", "color": "rgb", "pad_value": 0}
+    if np.issubdtype(input_spec.dtype, np.integer):
+        if input_spec.quantised:
+            spec.update(mean=[float(input_spec.zero_point)] * 3, std=[1.0 / input_spec.scale] * 3)
+        else:
+            spec.update(mean=[0.0] * 3, std=[1.0] * 3)
+        return spec, (
+            f"{np.dtype(input_spec.dtype)} input: raw pixels, stretched, as the TFLite Task Library feeds it "
+            f"({stated}{stats} of {where} are the float model's)"
+        )
+    spec.update(mean=mean, std=std)
+    return spec, f"{stated}{stats} of {where}; stretched, as the TFLite Task Library feeds it"
+
+
+def _mediapipe_preprocess(
+    known: mediapipe.KnownDetector | None, model_metadata: ModelMetadata | None
+) -> tuple[dict[str, Any], str]:
+    """A MediaPipe detector's input: its graph's ImageToTensorCalculator, else its metadata's normalisation."""
+    tensor = _metadata_normalisation(model_metadata)
+    if known is not None:
+        spec = dict(known.preprocess)
+        low, high = -spec["mean"][0] / spec["std"][0], (255.0 - spec["mean"][0]) / spec["std"][0]
+        where = f"MediaPipe's {known.graph} (ImageToTensorCalculator): letterbox, RGB, [{low:g}, {high:g}], pad 0"
+        if tensor is not None:
+            same = _per_channel(tensor.mean or []) == spec["mean"] and _per_channel(tensor.std or []) == spec["std"]
+            where += (
+                "; the file's TFLite Model Metadata says the same"
+                if same
+                else (
+                    f"; the file's TFLite Model Metadata says mean {_show_floats(tensor.mean)} std "
+                    f"{_show_floats(tensor.std)}, not used (MediaPipe copies metadata between models)"
+                )
+            )
+        return spec, where
+    if tensor is not None:
+        spec = {**mediapipe.PREPROCESS, "mean": _per_channel(tensor.mean or []), "std": _per_channel(tensor.std or [])}
+        return spec, (
+            f"NormalizationOptions mean {_show_floats(tensor.mean)} std {_show_floats(tensor.std)} of input "
+            f"{tensor.name!r} in the file's TFLite Model Metadata; letterbox, RGB, pad 0 as MediaPipe feeds detectors"
+        )
+    return dict(
+        mediapipe.PREPROCESS
+    ), "MediaPipe's convention (ImageToTensorCalculator): letterbox, RGB, [-1, 1], pad 0"
+
+
+def _describe_model_metadata(metadata: ModelMetadata) -> str:
+    parts = [repr(metadata.name) if metadata.name else "unnamed"]
+    if metadata.version:
+        parts.append(metadata.version)
+    for tensor in metadata.inputs:
+        said = [f"input {tensor.name!r}"]
+        if tensor.color_space:
+            said.append(tensor.color_space)
+        if tensor.mean and tensor.std:
+            said.append(f"mean {_show_floats(tensor.mean)} std {_show_floats(tensor.std)}")
+        if tensor.stats_min and tensor.stats_max:
+            said.append(f"range [{_show_floats(tensor.stats_min)}, {_show_floats(tensor.stats_max)}]")
+        parts.append(" ".join(said))
+    for tensor in metadata.outputs:
+        label_file = tensor.label_file()
+        if label_file:
+            parts.append(f"output {tensor.name!r} labels {label_file}")
+    return "; ".join(parts)
+
+
+def _show_floats(values: list[float] | None) -> str:
+    if not values:
+        return "-"
+    shown = [f"{v:g}" for v in values]
+    return shown[0] if len(set(shown)) == 1 else "[" + ", ".join(shown) + "]"
+
+
 # -- the import ------------------------------------------------------------------------------
 
 
@@ -437,6 +546,7 @@ class _Source:
     labels: list[str] | None = None  # labels the file carries outside Ultralytics metadata
     labels_source: str = ""
     model_name: str | None = None  # the name in its TFLite Model Metadata
+    model_metadata: ModelMetadata | None = None  # its TFLite Model Metadata
 
 
 def import_model(
@@ -512,6 +622,10 @@ def import_model(
             settings.insert(
                 0, Setting("input", f"{in_w}x{in_h}", f"input {input_spec.name!r} [{dims}], fixed in the file")
             )
+        if source.model_metadata is not None:
+            settings.insert(
+                1, Setting("metadata", _describe_model_metadata(source.model_metadata), "TFLite Model Metadata")
+            )
         num_names = len(meta.names) if meta is not None and meta.names else (len(labels) or None)
         head = mediapipe.anchor_head(output_specs) if meta is None else None
         mediapipe_known: mediapipe.KnownDetector | None = None
@@ -561,10 +675,9 @@ def import_model(
         settings.append(Setting("task", task, f"decoder {choice.kind}"))
         settings.append(Setting("labels", labels, labels_source))
         if choice.kind == "mediapipe_ssd" and np.issubdtype(input_spec.dtype, np.floating):
-            preprocess = dict(mediapipe.PREPROCESS)
-            pre_source = "MediaPipe's convention (ImageToTensorCalculator): letterbox, RGB, [-1, 1], pad 0"
+            preprocess, pre_source = _mediapipe_preprocess(mediapipe_known, source.model_metadata)
         else:
-            preprocess, pre_source = _preprocess(input_spec, meta)
+            preprocess, pre_source = _preprocess(input_spec, meta, source.model_metadata)
         settings.append(Setting("preprocess", _describe_preprocess(preprocess), pre_source))
         for key, file_name in source.variants.items():
             role = "the CPU fallback" if key == source.cpu_key else "the accelerator variant"
@@ -652,6 +765,7 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
     from edgerun.models import tflite_meta
 
     info = tflite_meta.read(path)
+    cpu_info = info
     if info.edgetpu:
         if cpu_model is None:
             raise ModelError(
@@ -661,6 +775,11 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
         cpu_info = tflite_meta.read(cpu_model)
         if cpu_info.edgetpu:
             raise ModelError(f"--cpu-model {cpu_model}: is Edge TPU-compiled too; give the CPU .tflite")
+        mismatch = tflite_meta.signature_mismatch(path, cpu_model)
+        if mismatch is not None:
+            raise ModelError(
+                f"--cpu-model {cpu_model}: is not the model {path.name} was compiled from: it has {mismatch}"
+            )
         variants = {"tflite": TFLITE_VARIANT, "edgetpu": EDGETPU_VARIANT}
         write = {TFLITE_VARIANT: _copier(cpu_model), EDGETPU_VARIANT: _copier(path)}
         settings.append(Setting("edgetpu", path.name, f"{tflite_meta.EDGETPU_OP} in the file"))
@@ -689,6 +808,7 @@ def _read_tflite(path: Path, cpu_model: Path | None, settings: list[Setting]) ->
         labels=file_labels,
         labels_source=labels_where,
         model_name=info.model_name,
+        model_metadata=info.metadata or (cpu_info.metadata if info.edgetpu else None),
     )
 
 

