@@ -652,7 +652,9 @@ class Node:
             meta.infer_ms = round(engine_ms, 1)
             meta.queue = server.queue
             calls = self.pipeline.engine_slots.limit if self.pipeline else 1
-            meta.spare_fps = spare_fps(calls, engine_ms, self.fps(), server.served_fps)
+            # Against what our own source asks of the engine, not what it gets: a node whose camera already
+            # outruns its engine has nothing to spare, however many frames it manages to publish.
+            meta.spare_fps = spare_fps(calls, engine_ms, self._local_engine.source_fps, server.served_fps)
         if pose is not None:
             meta.east, meta.north, meta.up = round(pose.east_m, 2), round(pose.north_m, 2), round(pose.up_m, 2)
             meta.yaw, meta.hfov = round(pose.yaw_deg, 1), round(pose.hfov_deg, 1)

@@ -196,8 +196,8 @@ class OffloadLane:
         if self.mode == "never":
             return
         with self._lock:
-            if self.mode == "auto":
-                self.load = source_fps / local_capacity_fps if local_capacity_fps > 0 else float("inf")
+            if self.mode == "auto" and local_capacity_fps > 0:  # nothing to decide until the engine is measured
+                self.load = source_fps / local_capacity_fps
                 if not self.engaged and self.load > self.engage_load:
                     self.engaged = True
                     log.info(

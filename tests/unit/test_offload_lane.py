@@ -199,6 +199,8 @@ def test_a_dropped_helper_is_chosen_again_once_its_backoff_ends():
 def test_auto_engages_above_the_engage_load_and_lets_go_below_the_release_load():
     with lane_and_helper(mode="auto") as (lane, helper, env):
         now = time.monotonic()
+        lane.update([env.candidate], now - 1, local_capacity_fps=0.0, source_fps=15.0)  # engine not measured yet
+        assert lane.helper is None and not lane.engaged
         lane.update([env.candidate], now, local_capacity_fps=20.0, source_fps=15.0)  # load 0.75: keeps up
         assert lane.helper is None and env.slots.remote_limit == 0
         lane.update([env.candidate], now + 1, local_capacity_fps=15.0, source_fps=15.0)  # load 1.0: needs help
