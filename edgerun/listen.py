@@ -85,7 +85,8 @@ def _clock(ts: float) -> str:
 
 
 def format_detections(p: dict[str, Any]) -> str:
-    """``node #seq hh:mm:ss.mmm model vN/engine 12.3 ms  2 det: face 0.93 [x1,y1,x2,y2] ...``"""
+    """``node #seq hh:mm:ss.mmm model vN/engine 12.3 ms  2 det: face 0.93 [x1,y1,x2,y2] ...`` and, for a traced
+    frame, ``  trace <trace id>`` (what Jaeger or Tempo find it by)."""
     model = p["model"]
     latency = p.get("latency_ms")
     parts = [
@@ -98,7 +99,8 @@ def format_detections(p: dict[str, Any]) -> str:
         f"{d['label']} {d['score']:.2f} [{','.join(f'{v:.0f}' for v in d['box'])}]" for d in dets[:_PRINT_DETECTIONS]
     ]
     more = f" +{len(dets) - _PRINT_DETECTIONS} more" if len(dets) > _PRINT_DETECTIONS else ""
-    return " ".join(parts) + f"  {len(dets)} det" + (": " + "; ".join(shown) if shown else "") + more
+    trace = f"  trace {p['trace_id']}" if p.get("trace_id") else ""
+    return " ".join(parts) + f"  {len(dets)} det" + (": " + "; ".join(shown) if shown else "") + more + trace
 
 
 def format_object(p: dict[str, Any]) -> str:

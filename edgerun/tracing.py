@@ -2,9 +2,10 @@
 
 Spans are made after the fact, when the frame's batch reaches the sinks: the pipeline already stamps the end of
 every stage on the frame (``FrameMeta.t_capture``, ``DetectionBatch.stamps``) for its latency statistics, so
-the worker threads carry no tracing code and a node with tracing off or a frame not sampled costs nothing
-but one ``random()`` on the loop. A sampled frame becomes a root span ``frame`` with one child per stage,
-their times converted from the monotonic clock to wall time through the frame's own capture time.
+the worker threads carry no tracing code (but ``begin`` for a frame sent to a helper) and a node with tracing
+off or a frame not sampled costs nothing but one ``random()`` on the loop. A sampled frame becomes a root span
+``frame`` with one child per stage, their times converted from the monotonic clock to wall time through the
+frame's own capture time.
 
 Export is OTLP (protobuf over HTTP) by the SDK's batch processor: its own thread, a bounded queue (a full queue
 drops spans, never blocks the loop) and a timeout per request, so a collector that is slow or gone costs

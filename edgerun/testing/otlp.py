@@ -8,6 +8,7 @@ Loopback only.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,3 +122,45 @@ def run_otlp_receiver() -> Iterator[OtlpReceiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class RemoteReceiver:
+    """The handle of a receiver running in a child process: its endpoint and how many spans it took so far."""
+
+    endpoint: str
+    conn: Any
+
+    def span_count(self) -> int:
+        self.conn.send("count")
+        return int(self.conn.recv())
+
+
+def _serve_in_child(conn: Any) -> None:
+    with run_otlp_receiver() as receiver:
+        conn.send(receiver.endpoint)
+        while conn.recv() == "count":
+            conn.send(len(receiver.spans))
+
+
+@contextmanager
+def run_otlp_receiver_process() -> Iterator[RemoteReceiver]:
+    """The receiver in a process of its own, so decoding what a node exports costs the node's process nothing
+    (a benchmark of the node's CPU then counts what a collector elsewhere would not cost it)."""
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_serve_in_child, args=(theirs,), name="otlp-receiver", daemon=True)
+    child.start()
+    try:
+        if not ours.poll(30.0):
+            raise RuntimeError("the OTLP receiver process did not start in 30 s")
+        yield RemoteReceiver(endpoint=ours.recv(), conn=ours)
+    finally:
+        try:
+            ours.send("stop")
+        except OSError:
+            pass
+        child.join(10.0)
+        if child.is_alive():
+            child.kill()
+            child.join()

@@ -176,6 +176,7 @@ def test_sample_ratio_zero_traces_nothing(traced) -> None:  # type: ignore[no-un
         node = traced(receiver.endpoint, ratio=0.0)
         _wait(lambda: len(node.batches()) > 20, node)
         assert node.metric("edgerun_trace_frames_sampled") == 0
+        assert node.metric("edgerun_trace_remote_spans") == 0  # served to /metrics, nothing offloaded here
         assert node.stop() == 0
         assert receiver.spans == []
     assert not any("trace_id" in b for b in node.batches().values())

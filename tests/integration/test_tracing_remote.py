@@ -174,3 +174,17 @@ def test_garbage_traceparents_record_nothing_and_are_counted() -> None:
     assert [(s.trace_id, s.parent_id, s.name) for s in spans] == [
         ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "infer")
     ]
+
+
+def test_the_receiver_in_its_own_process_counts_what_arrived() -> None:
+    """The bench's receiver (decoding outside the measured process) gets what a tracer exports, and stops."""
+    from edgerun.testing.otlp import run_otlp_receiver_process
+
+    with run_otlp_receiver_process() as receiver:
+        assert receiver.span_count() == 0
+        helper = FrameTracer(TracingConfig(enabled=True, endpoint=receiver.endpoint), "jetson-2")
+        t = time.time_ns()
+        attrs = {"edgerun.engine": "onnx", "edgerun.remote.origin": "drone-1"}
+        assert all(helper.remote_infer(GOOD, t, t + 1000, attrs) for _ in range(3))
+        helper.close()  # flushes: the spans are at the receiver when it returns
+        assert receiver.span_count() == 3

@@ -204,6 +204,9 @@ def test_decode_good_messages() -> None:
     line = format_detections(PAYLOADS[0])
     assert line.startswith("node-a #7 ")
     assert "blazeface_short v1/tflite 14.2 ms  2 det: face 0.91 [10,20,110,90]" in line
+    assert "trace" not in line
+    # A traced frame's line ends with its trace id, to look it up in Jaeger or Tempo.
+    assert format_detections(PAYLOADS[4]).endswith("[300,200,350,260]  trace 4bf92f3577b34da6a3ce929d0e0e4736")
 
 
 @pytest.mark.parametrize(
