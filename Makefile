@@ -88,8 +88,8 @@ bench: $(MODELS)
 bench-swarm: $(MODELS)
 	-@bash .ci/install-system-deps demo
 	mkdir -p bench-results
-	nice -n 10 $(BIN)/python -m swarm.sim --seeds 1-20 --jobs 2 --json bench-results/swarm_dedup.json > /dev/null
-	nice -n 10 $(BIN)/python -m swarm.sim --seeds 1-20 --jobs 2 --starve 2 --json bench-results/swarm_starve2.json > /dev/null
+	nice -n 10 $(BIN)/python -m swarm.sim --seeds 1-20 --jobs 2 -o bench-results/swarm_dedup.json > /dev/null
+	nice -n 10 $(BIN)/python -m swarm.sim --seeds 1-20 --jobs 2 --starve 2 -o bench-results/swarm_starve2.json > /dev/null
 	nice -n 10 $(BIN)/python -m edgerun.bench.capabilities_gossip --json bench-results/swarm_capabilities.json > /dev/null
 	EDGERUN_BENCH_JSON=bench-results/swarm_mavlink.json $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/integration/test_swarm_mavlink.py

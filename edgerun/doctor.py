@@ -8,9 +8,10 @@ V4L2 and FFmpeg but no GStreamer, so on a Jetson the CSI camera pipeline
 
 It lists the V4L2 cameras it can see (``/dev/video*``) and whether this user
 may open them (permissions, the ``video`` group). Given a node config, it checks
-what the node would connect to: the MQTT broker (a TCP connect with a short
-timeout) and the camera (opened as the node opens it, credentials hidden), and
-exits 1 when either is unreachable (docs/camera.md).
+what the node would connect to: the MQTT broker (an MQTT 5 login with the
+node's username, password and TLS, within a short timeout) and the camera
+(opened as the node opens it, credentials hidden), and exits 1 when either
+cannot be used (docs/camera.md).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from edgerun.engines.base import ENGINE_MODULES
 from edgerun.engines.tflite import EDGETPU_LIBRARY
 
 if TYPE_CHECKING:
-    from edgerun.config import SourceConfig
+    from edgerun.config import MqttSinkConfig, SourceConfig
 
 
 def _version(module_name: str) -> str:
@@ -173,11 +174,38 @@ def probe_cameras(dev_dir: Path = DEV_DIR) -> list[dict[str, Any]]:
     return [probe_camera_device(path) for _, path in sorted(nodes)]
 
 
-def probe_broker(host: str, port: int, timeout_s: float) -> dict[str, Any]:
-    from edgerun.reachability import tcp_problem
+def probe_broker(mqtt: MqttSinkConfig, timeout_s: float) -> dict[str, Any]:
+    """Log in to the broker as the node would (its username, password and TLS), then leave.
 
-    problem = tcp_problem(host, port, timeout_s)
-    return {"address": f"{host}:{port}", "ok": not problem, **({"why": problem} if problem else {})}
+    ``state``: "connected"; "login_refused" (the broker answered and refused this login for good, as
+    ``edgerun listen`` reports it: a person must fix the credentials or the broker's password file);
+    "unreachable" (no TCP, no TLS, no CONNACK, or a refusal a retry may pass); "config_error" (the TLS files
+    cannot be read, so nothing was tried).
+    """
+    from edgerun.errors import ConfigError
+    from edgerun.mqtt_client import MqttError, MqttLoginRefused, connect_blocking, new_client
+
+    address = f"{mqtt.host}:{mqtt.port}"
+
+    def failed(state: str, err: Exception) -> dict[str, Any]:
+        why = str(err).removeprefix(f"mqtt://{address}: ")
+        return {"address": address, "ok": False, "state": state, "why": why}
+
+    try:
+        # Its own client id, never the node's: the broker would hand a running node's session to doctor.
+        client = new_client(mqtt, id_prefix="edgerun-doctor", reconnect=None)
+    except ConfigError as err:
+        return failed("config_error", err)
+    client.connect_timeout = timeout_s
+    try:
+        connect_blocking(client, mqtt.host, mqtt.port, timeout=timeout_s)
+    except MqttLoginRefused as err:
+        return failed("login_refused", err)
+    except MqttError as err:
+        return failed("unreachable", err)
+    client.disconnect()
+    client.loop_stop()
+    return {"address": address, "ok": True, "state": "connected"}
 
 
 def probe_source(cfg: SourceConfig) -> dict[str, Any]:
@@ -208,7 +236,7 @@ def probe_config(config_path: str, timeout_s: float) -> dict[str, Any]:
     report: dict[str, Any] = {"path": config_path}
     mqtt = cfg.sinks.mqtt
     if mqtt.enabled or (cfg.ota.enabled and cfg.ota.mqtt):
-        report["broker"] = probe_broker(mqtt.host, mqtt.port, timeout_s)
+        report["broker"] = probe_broker(mqtt, timeout_s)
     if cfg.source.kind == "opencv":
         report["camera"] = probe_source(cfg.source)
     return report
@@ -278,7 +306,11 @@ def run_doctor(as_json: bool = False, config_path: str | None = None, timeout_s:
         print(f"config {config['path']}:")
         if "broker" in config:
             broker = config["broker"]
-            said = "reachable" if broker["ok"] else f"unreachable: {broker['why']}"
+            said = {
+                "connected": "connected",
+                "login_refused": f"login refused {broker.get('why', '').removeprefix('refused the connection ')}",
+                "config_error": f"not tried: {broker.get('why')}",
+            }.get(broker["state"], f"unreachable: {broker.get('why')}")
             print(f"  broker    {'ok' if broker['ok'] else 'no':5s} {broker['address']} {said}")
         if "camera" in config:
             cam = config["camera"]

@@ -17,7 +17,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nodes", type=int, default=20)
     bench.add_argument("--loss", type=float, default=0.1, help="share of packets each node drops on receive")
     bench.add_argument("--seconds", type=float, default=60.0, help="steady phase (bytes, CPU, false deaths)")
-    bench.add_argument("--json", type=Path, help="write the result here")
+    bench.add_argument("-o", "--out", type=Path, default=None, metavar="FILE", help="write the result as JSON to FILE")
+    bench.add_argument("--json", action="store_true", help="print the result as JSON on stdout instead of the table")
     bench.add_argument("--timing", default="{}", help="JSON overrides of swarm SwarmTiming for edgerun's members")
     bench.add_argument("--only", choices=("edgerun", "serf"), help="run one side only")
     bench.add_argument("--loopback", action="store_true", help="loopback even where namespaces can be made")
@@ -31,7 +32,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--detect-timeout", type=float, default=60.0)
     run = commands.add_parser("run", help="fly a scenario with its faults, score it, write report.json/report.html")
     run.add_argument("scenario", help="a scenario file, or the name of one in hil/scenarios/ (smoke, sar-5)")
-    run.add_argument("--out", type=Path, required=True, help="run directory (report, observations, node logs)")
+    run.add_argument("-o", "--out", type=Path, required=True, help="run directory (report, observations, node logs)")
     run.add_argument("--loopback", action="store_true", help="loopback even where namespaces can be made")
     run.add_argument(
         "--ignore-control",
@@ -78,6 +79,11 @@ def _run_scenario(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["swarm-bench"]:
+        from swarm.sim import old_json_file_spelling
+
+        argv = old_json_file_spelling(argv)  # `--json FILE`, as the docs typed it, is `-o FILE`
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "run":
@@ -103,9 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hil swarm-bench: {exc}", file=sys.stderr)
         return 2
-    print(format_table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    text = json.dumps(result, indent=2)
+    print(text if args.json else format_table(result))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,10 @@ def add_doctor_parser(sub: Any) -> None:
     doctor.add_argument(
         "-c",
         "--config",
-        help="a node TOML config: also check its MQTT broker and camera are reachable (exit 1 when not)",
+        help="a node TOML config: also log in to its MQTT broker and open its camera as the node would "
+        "(exit 1 when either fails)",
     )
-    doctor.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the broker's TCP connect")
+    doctor.add_argument(
+        "--timeout", type=float, default=2.0, help="seconds to wait for the broker (TCP connect, TLS, CONNACK)"
+    )
     doctor.set_defaults(func=cmd_doctor)

@@ -8,6 +8,7 @@ preprocessor's job (``Letterbox.to_source``), so decoders never know frame sizes
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -66,6 +67,9 @@ class Decoder(ABC):
         self.params = params
         self.input_spec = input_spec
         self.output_specs = output_specs
+        # Rows a decoder refused as no detection (reason -> count), where the rest of the frame stays good; one
+        # decoder per worker thread, so whoever runs it reads and sums them (``model inspect`` prints them).
+        self.dropped: Counter[str] = Counter()
 
     def clone(self) -> Decoder:
         """An independent decoder for another worker thread (decoders keep per-call scratch buffers)."""

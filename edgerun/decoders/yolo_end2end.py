@@ -9,6 +9,12 @@ and need no NMS. ONNX exports give corners in input pixels, TFLite exports
 ``normalized`` says which, or "auto" tells them apart by magnitude. The class
 column is a float index, so the class count comes from ``num_classes`` (the
 importer writes the count of the file's names), not from the tensor.
+
+YOLO26's head (``reg_max`` 1, no DFL) regresses each side's distance with no
+floor, so a row can come out with ``x2 < x1`` or ``y2 < y1`` (an untrained
+export gives many, and nothing in the head stops a trained one). Such a row is no
+box: it is dropped and counted under ``inverted_box`` in ``Decoder.dropped``,
+and the frame's other rows are kept.
 """
 
 from __future__ import annotations
@@ -70,7 +76,13 @@ class YOLOEnd2EndDecoder(Decoder):
     def decode(self, outputs: list[np.ndarray]) -> Detections:
         rows = self._spec.dequantise(outputs[0].reshape(self.rows, ROW_VALUES)).astype(np.float32, copy=False)
         scores = rows[:, 4]
-        keep = np.flatnonzero(scores >= np.float32(self.min_score_thresh))
+        confident = scores >= np.float32(self.min_score_thresh)
+        # NaN corners compare False, so they stay for output_fault to refuse the whole frame.
+        inverted = confident & ((rows[:, 2] < rows[:, 0]) | (rows[:, 3] < rows[:, 1]))
+        if inverted.any():
+            self.dropped["inverted_box"] += int(np.count_nonzero(inverted))
+            confident &= ~inverted
+        keep = np.flatnonzero(confident)
         if keep.size == 0:
             return Detections.empty()
         if keep.size > self.max_results:  # rows come best first, but a quantised copy may tie: keep the best

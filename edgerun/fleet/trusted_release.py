@@ -4,7 +4,7 @@ Anyone who can publish to the broker can retain a release message, so the
 station never shows, promotes or halts what it read there until it verified
 it the node's way: the root keys (``--root-key``) -> ``keys.json`` at or above
 the newest version verified -> a release key -> the manifest's signatures and
-their trusted comments, the model named by the topic, and the step order
+their trusted comments, the model named by the topic, the manifest's expiry, and the step order
 (``edgerun.ota.steps``). The rollout state message beside it is believed only
 when a release key of that verified ``keys.json`` signed it, and a release
 older than its signed state is a replay.
@@ -34,8 +34,10 @@ from edgerun.ota.transport import Offer
 from edgerun.ota.transport_mqtt import decode_release, release_topic
 from edgerun.ota.trust import Keyring, TrustStore
 
-# "forged": the signature chain does not hold; "replayed": signed, but older than a step already verified (or of a
-# halted version); "unverified": no root key was given, so nothing can be checked; "unreadable": not a release.
+# "forged": the signature chain does not hold now (a bad or unknown signature, or a keys.json or manifest past its
+# signed expiry, as the node's updater refuses them; ``code`` says which); "replayed": signed, but older than a step
+# already verified (or of a halted version); "unverified": no root key was given, so nothing can be checked;
+# "unreadable": not a release.
 Trust = Literal["verified", "forged", "replayed", "unverified", "unreadable"]
 
 
@@ -104,6 +106,9 @@ class ReleaseVerifier:
                 manifest = TrustStore.verify_manifest(offer.manifest, offer.manifest_sig, keyring)
                 if manifest.name != model:
                     raise Rejected("wrong_model", f"a release of {manifest.name!r} on the topic of {model!r}")
+                if manifest.expires_ts <= now:
+                    # The updater's own rule and words (ota.updater.Updater.check): no node takes it any more.
+                    raise Rejected("expired", f"manifest v{manifest.version} expired at {manifest.expires}")
             except (Rejected, SignatureError) as err:
                 code = err.code if isinstance(err, Rejected) else "bad_signature"
                 return CheckedRelease(model, offer, shown, "forged", code, str(err)[:300])

@@ -107,7 +107,9 @@ def inspect_bundle(
             "first_inference": round(first_ms, 2),
             "warm_median": round(float(np.median(times)), 3),
         },
-        "image": None if image is None else {"path": str(image), "detections": detections},
+        "image": None
+        if image is None
+        else {"path": str(image), "detections": detections, "dropped": dict(runtime.decoder.dropped)},
     }
 
 
@@ -141,7 +143,9 @@ def format_report(r: dict[str, Any]) -> str:
     )
     if r.get("image") is not None:
         found = r["image"]["detections"]
-        lines.append(f"  image    {r['image']['path']}: {len(found)} detection(s)")
+        dropped = r["image"].get("dropped") or {}
+        refused = f", {sum(dropped.values())} row(s) dropped ({', '.join(sorted(dropped))})" if dropped else ""
+        lines.append(f"  image    {r['image']['path']}: {len(found)} detection(s){refused}")
         lines += [f"           {d['label']} {d['score']:.3f} at {d['box']}" for d in found]
     return "\n".join(lines)
 

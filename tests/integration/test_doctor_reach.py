@@ -1,7 +1,8 @@
 """``edgerun doctor``: the cameras this user can open, and whether a config's broker and camera answer.
 
 Real parts: device nodes made with mknod and probed as another user (setpriv), a real mosquitto and a real RTSP
-camera (tests/integration/rtsp_camera.py) each up and then down, the real CLI as a subprocess.
+camera (tests/integration/rtsp_camera.py) each up and then down, a real mosquitto with TLS and a password file
+that the node's login must pass, the real CLI as a subprocess.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import cv2
 import pytest
+import tomli_w
 
 from edgerun.testing.ports import free_port
-from tests.integration.brokers import find_mosquitto, run_mosquitto
+from tests.integration.brokers import BrokerTls, find_mosquitto, make_certs, make_other_ca, run_mosquitto
 from tests.integration.rtsp_camera import RtspCamera, require_rtsp_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +113,7 @@ port = {broker.port}
         finally:
             camera.kill()
         assert code == 0, text
-        assert report["config"]["broker"] == {"address": f"127.0.0.1:{broker.port}", "ok": True}
+        assert report["config"]["broker"] == {"address": f"127.0.0.1:{broker.port}", "ok": True, "state": "connected"}
         cam = report["config"]["camera"]
         assert cam["ok"] and cam["size"] == [640, 480], cam
         assert cam["source"] == f"stream 'rtsp://viewer:***@127.0.0.1:{camera.port}/cam' (ffmpeg)"
@@ -123,6 +125,7 @@ port = {broker.port}
     assert report["config"]["broker"] == {
         "address": f"127.0.0.1:{broker.port}",
         "ok": False,
+        "state": "unreachable",
         "why": "connection refused",
     }
     assert report["config"]["camera"]["ok"] is False
@@ -157,3 +160,74 @@ port = {port}
     assert any(line.startswith("  camera    no    stream 'rtsp://viewer:***@") for line in lines)
     assert any(line.startswith("  cameras   ") for line in lines)
     assert PASSWORD not in done.stdout + done.stderr
+
+
+REFUSED_LOGIN = ("(Not authorized)", "(Bad user name or password)")  # mosquitto's answer depends on its version
+
+
+def test_doctor_logs_in_to_the_broker_with_the_nodes_credentials_and_tls(tmp_path):
+    """A TCP connect is not a login: doctor sends the node's own MQTT 5 CONNECT (username, password, TLS CA) and
+    says "connected", "login refused (reason)" or "unreachable (why)". The broker listens with TLS and a
+    password file, so a wrong password, a CA that did not sign the broker, and plain TCP to the TLS port all
+    connect at the TCP level and must still be reported as failures."""
+    if find_mosquitto() is None or shutil.which("mosquitto_passwd") is None or shutil.which("openssl") is None:
+        pytest.skip("mosquitto or openssl is not installed: run .ci/install-system-deps")
+    # Not under pytest's tmp_path (0700 root): a broker started as root reads its password file as mosquitto.
+    with tempfile.TemporaryDirectory(prefix="edgerun-doctor-login-") as tmp:
+        passwd = Path(tmp) / "passwd"
+        subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwd), "drone-7", PASSWORD], check=True,
+                       capture_output=True, timeout=30)  # fmt: skip
+        os.chmod(passwd, 0o644)
+        certs = make_certs(tmp_path / "pki")
+        other_ca = make_other_ca(tmp_path / "other")
+        tls = BrokerTls(str(certs.ca), str(certs.server_cert), str(certs.server_key))
+        with run_mosquitto(tls=tls, workdir=tmp, extra=[f"password_file {passwd}"]) as broker:
+
+            def doctor_with(**mqtt: str) -> tuple[int, dict, str]:
+                config = tmp_path / f"node{len(list(tmp_path.glob('node*.toml')))}.toml"
+                settings = {"enabled": True, "host": "127.0.0.1", "port": broker.port, **mqtt}
+                config.write_text(
+                    tomli_w.dumps({"source": {"kind": "images", "path": "."}, "sinks": {"mqtt": settings}})
+                )
+                return doctor(config)
+
+            address = f"127.0.0.1:{broker.port}"
+            code, report, text = doctor_with(username="drone-7", password=PASSWORD, tls_ca=str(certs.ca))
+            assert code == 0, text
+            assert report["config"]["broker"] == {"address": address, "ok": True, "state": "connected"}
+
+            code, report, text = doctor_with(username="drone-7", password="wrong", tls_ca=str(certs.ca))
+            assert code == 1, text
+            broker_said = report["config"]["broker"]
+            assert broker_said["state"] == "login_refused" and not broker_said["ok"], broker_said
+            assert broker_said["why"].startswith("refused the connection ") and broker_said["why"].endswith(
+                REFUSED_LOGIN
+            ), broker_said
+
+            code, report, text = doctor_with(username="drone-7", password=PASSWORD, tls_ca=str(other_ca))
+            broker_said = report["config"]["broker"]
+            assert code == 1 and broker_said["state"] == "unreachable", text
+            assert broker_said["why"].startswith("TLS: broker certificate not trusted"), broker_said
+
+            code, report, text = doctor_with(username="drone-7", password=PASSWORD)  # plain MQTT to the TLS port
+            broker_said = report["config"]["broker"]
+            assert code == 1 and broker_said["state"] == "unreachable", text
+            assert PASSWORD not in text
+
+            missing = tmp_path / "no-such-ca.pem"
+            code, report, text = doctor_with(username="drone-7", password=PASSWORD, tls_ca=str(missing))
+            broker_said = report["config"]["broker"]
+            assert code == 1 and broker_said["state"] == "config_error", text
+            assert broker_said["why"].startswith(f"sinks.mqtt.tls_ca: cannot read {missing}"), broker_said
+
+            config = tmp_path / "node1.toml"  # the wrong password again, for the text report
+            done = subprocess.run(
+                [sys.executable, "-m", "edgerun", "doctor", "-c", str(config)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=dict(os.environ, PYTHONPATH=str(REPO)),
+            )
+    assert done.returncode == 1
+    line = next(line for line in done.stdout.splitlines() if line.startswith("  broker "))
+    assert line.startswith(f"  broker    no    {address} login refused (") and line.endswith(REFUSED_LOGIN), line

@@ -384,3 +384,43 @@ def test_swapped_payload_chunks_on_the_broker_stop_a_promote(rig, blazeface_bund
     status, body = rig.page_action("promote", 100)
     assert status == 409 and "hash" in body["error"], body
     assert rig.retained_release() == before  # still the 10 % step: nothing was signed
+
+
+def test_a_release_past_its_signed_expiry_is_refused_by_node_and_station_alike(rig, blazeface_bundle, tmp_path):
+    """A release signed 40 days ago with the default 30-day expiry (a lapsed release, or one an attacker keeps
+    retained to freeze the fleet): the node's updater refuses it as ``expired``; the station must not show it as
+    a verified release either, but with the node's reason, no button, 409 on the page and FORGED in
+    ``fleet status`` (before, it was shown and promotable as a canary until a node refused it)."""
+    v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
+    signed_at = time.time() - 40 * 86400
+    release = build_release(
+        v2.root, rig.fleet.release_dir, ReleaseSpec(rollout_percent=100.0), key=rig.fleet.release_keys[0], now=signed_at
+    )
+    expired_at = release.manifest.expires
+    with collecting(rig.broker.port, [f"edgerun/{NODE}/#"]) as seen:
+        rig.start_node()
+        rig.start_station()
+        publish_release(rig.fleet.release_dir, MODEL, "127.0.0.1", rig.broker.port)
+        lapsed_bytes = rig.retained_release()
+
+        assert wait_for(lambda: any(e.get("code") == "expired" for e in ota_events(seen)), 90), ota_events(seen)
+        node_said = next(e for e in ota_events(seen) if e.get("code") == "expired")
+        assert f"manifest v2 expired at {expired_at}" in node_said["reason"], node_said
+
+        assert wait_for(lambda: rig.rollout().get("trust_code") == "expired", 30), rig.rollout()
+        view = rig.rollout()
+        assert view["trust"] == "forged" and view["verified"] is False and view["cohort"] == {}, view
+        assert f"manifest v2 expired at {expired_at}" in view["trust_reason"], view
+        page = page_rollout(rig.station_port)
+        if page is not None:  # Debian's chromium: the reason, and no button to press
+            assert page["buttons"] == 0 and f"expired at {expired_at}" in page["text"], page
+
+        status, body = rig.page_action("promote", 100)
+        assert status == 409 and "expired at" in body["error"], body
+        done = rig.signed_step("promote", "--percent", "100")
+        assert done.returncode == 2 and "expired at" in done.stderr, done.stderr
+        assert rig.retained_release() == lapsed_bytes  # nothing was re-signed
+        status_out = rig.fleet_cli("status", "--seconds", "2", "--root-key", rig.fleet.root_pub_paths[0])
+        assert status_out.returncode == 0, status_out.stderr
+        assert f"release {MODEL} v2: FORGED, not a release: manifest v2 expired at {expired_at}" in status_out.stdout
+        assert model_version(seen) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -77,6 +78,35 @@ def test_cli_rejects_bad_arguments_with_one_line(tmp_path):
         [sys.executable, "-m", "hil", "swarm-bench", "--timing", "[1]"], capture_output=True, text=True, cwd=REPO
     )
     assert proc.returncode == 2 and "--timing must be a JSON object" in proc.stderr
+    proc = subprocess.run(  # --json is the stdout switch: it takes no FILE, and the check still runs
+        [sys.executable, "-m", "hil", "swarm-bench", "--nodes", "2", "--json"], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 2 and "swarm-bench needs at least 3 nodes" in proc.stderr
+
+
+def test_cli_writes_json_with_out_and_prints_it_with_the_json_switch(tmp_path):
+    """``-o/--out FILE`` writes the result and ``--json`` prints it on stdout instead of the table, as for
+    ``edgerun bench`` (docs/cli.md: one spelling per idea); the old ``--json FILE`` still writes FILE and stays
+    out of ``--help``. A short real run: 3 members on loopback, edgerun's side only."""
+    short = ["swarm-bench", "--nodes", "3", "--seconds", "1", "--only", "edgerun", "--loopback"]
+    short += ["--join-timeout", "30", "--detect-timeout", "30", "--timing", json.dumps(FAST)]
+
+    def hil(*argv: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "hil", *argv], capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc
+
+    new = tmp_path / "results" / "new.json"
+    proc = hil(*short, "-o", str(new), "--json")
+    written = json.loads(new.read_text())
+    assert json.loads(proc.stdout) == written and f"wrote {new}" in proc.stderr
+    assert written["nodes"] == 3 and written["edgerun"]["full_membership_s"] is not None
+    old = tmp_path / "old.json"
+    proc = hil(*short, "--json", str(old))
+    assert json.loads(old.read_text())["nodes"] == 3
+    assert "edgerun/serf" in proc.stdout and not proc.stdout.lstrip().startswith("{")  # the table, not the JSON
+    usage = hil("swarm-bench", "--help").stdout
+    assert "-o FILE, --out FILE" in usage and "--json FILE" not in usage and "[--json]" in usage
 
 
 def test_loopback_fallback_uses_transport_loss_and_says_so():

@@ -11,9 +11,9 @@ onnxruntime or LiteRT on the file as exported plus the family's documented
 decoding (letterbox with grey 114, /255 RGB, then YOLOv8's ``[1, 4 + C, N]``
 transpose and class-aware NMS, YOLOv5's objectness x class score and NMS at
 0.45, or the end-to-end rows ``x1, y1, x2, y2, score, class`` taken as they
-are), importing nothing from edgerun. The weights are random, so the boxes
-mean nothing; what must agree is that both sides read the same tensors the
-same way.
+are, but for rows with x2 < x1 or y2 < y1, which are no box), importing
+nothing from edgerun. The weights are random, so the boxes mean nothing;
+what must agree is that both sides read the same tensors the same way.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def reference_detect(export: Export, rgb: np.ndarray) -> tuple[np.ndarray, np.nd
     scale = float(IMGSZ) if export.normalized else 1.0
     if export.family == "e2e":
         rows = out[0]
-        keep = rows[:, 4] > CONF
+        # A row whose x2 < x1 or y2 < y1 is no box (YOLO26's distances have no floor): not a detection.
+        keep = (rows[:, 4] > CONF) & (rows[:, 2] >= rows[:, 0]) & (rows[:, 3] >= rows[:, 1])
         boxes, scores, classes = rows[keep, :4] * scale, rows[keep, 4], rows[keep, 5].astype(np.int64)
     else:
         pred = out[0].T if export.family == "v8" else out[0]  # (N, 4 + C) or (N, 5 + C)
@@ -442,3 +443,41 @@ def test_an_int8_input_is_fed_with_the_tensors_own_scale_and_zero_point(imported
     assert report["input"]["dtype"] == "int8" and zero_point == -128 and 0 < scale < 0.01, report["input"]
     source = {s.key: s.source for s in result.settings}["preprocess"]
     assert f"int8 input: the tensor's scale {scale:.6g} and zero point -128 on top" in source
+
+
+# -- rows that are no box ---------------------------------------------------------------------
+
+YOLO26 = [e for e in EXPORTS if e.file.startswith("yolo26t")]
+
+
+@pytest.mark.parametrize("export", YOLO26, ids=[e.file for e in YOLO26])
+def test_end_to_end_rows_with_x2_before_x1_are_dropped_and_counted(imported, export, tmp_path, capsys):
+    """YOLO26's head (no DFL) regresses each side's distance without a floor, so the untrained exports give
+    confident rows whose x2 < x1 or y2 < y1 (27 of the 146 rows above 0.25 on the small astronaut). Such a row
+    is no box: the decoder drops it and counts it (``Decoder.dropped``), keeps every other row of the frame, and
+    ``model inspect`` says how many it dropped."""
+    bundle = load_bundle(imported[export.file].bundle.root)
+    rgb = small_photo("astronaut")
+    engine = engine_class(bundle.cpu_engine)(bundle.variant_path(bundle.cpu_engine), EngineOptions(device="cpu"))
+    try:
+        runtime = build_runtime(bundle, engine, (rgb.shape[1], rgb.shape[0]))
+        tensor = engine.allocate_input()
+        runtime.preprocessor(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), tensor)
+        outputs = engine.infer(tensor)
+        rows = np.asarray(outputs[0]).reshape(-1, 6)
+        confident = rows[rows[:, 4] >= CONF]
+        inverted = (confident[:, 2] < confident[:, 0]) | (confident[:, 3] < confident[:, 1])
+        assert inverted.sum() >= 5 and (~inverted).sum() >= 5, (export.file, inverted.sum(), len(confident))
+        decoder = runtime.decoder
+        det = decoder.decode(outputs)
+    finally:
+        engine.close()
+    assert len(det) == int((~inverted).sum()), (len(det), len(confident), int(inverted.sum()))
+    assert (det.boxes[:, 2] >= det.boxes[:, 0]).all() and (det.boxes[:, 3] >= det.boxes[:, 1]).all()
+    assert sorted(det.scores.round(5)) == sorted(confident[~inverted, 4].round(5))
+    assert dict(decoder.dropped) == {"inverted_box": int(inverted.sum())}
+    photo = tmp_path / "astronaut.png"
+    cv2.imwrite(str(photo), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    assert edgerun_main(["model", "inspect", str(bundle.root), "--image", str(photo)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(det)} detection(s), {int(inverted.sum())} row(s) dropped (inverted_box)" in out, out

@@ -30,9 +30,10 @@ KEYS = {
 
 def test_cli_writes_the_issue_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sim.json"
-    assert main(["--nodes", "8", "--loss", "0.1", "--seconds", "60", "--kill-at", "20", "--json", str(out)]) == 0
+    assert main(["--nodes", "8", "--loss", "0.1", "--seconds", "60", "--kill-at", "20", "-o", str(out)]) == 0
     written = json.loads(out.read_text())
-    assert json.loads(capsys.readouterr().out) == written
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == written and f"wrote {out}" in printed.err
     assert KEYS <= set(written)
     assert written["killed"] is not None and written["false_deaths"] == 0
     # everyone saw everyone, and every survivor declared the killed member dead after the kill, no sooner than a
@@ -75,11 +76,12 @@ def test_every_detected_target_is_reported_within_the_bound_short_sweep() -> Non
     assert faulted["partition_deaths"] > 0  # the cut was real: each side reported what it saw on its own
 
 
-def test_a_sweep_writes_every_run_and_a_summary(tmp_path: Path) -> None:
+def test_a_sweep_writes_every_run_and_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep.json"
-    args = ["--seeds", "1,2", "--nodes", "4", "--seconds", "30", "--kill-at", "0", "--json", str(out)]
+    args = ["--seeds", "1,2", "--nodes", "4", "--seconds", "30", "--kill-at", "0", "--out", str(out), "--json"]
     assert main(args) == 0
     written = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == written  # --json: the whole result on stdout, no line per seed
     assert [r["seed"] for r in written["runs"]] == [1, 2]
     assert set(written["summary"]["targets_met"]) == {
         "detect_le_6s_every_seed",
@@ -112,3 +114,26 @@ def test_killed_member_is_dead_to_all_within_6_s_and_nobody_else_dies(
     assert result["false_deaths"] == 0
     if starve:
         assert result["refutations"] > 0  # the starved members were suspected, and refuted in time
+
+
+def test_the_old_json_file_spelling_still_writes_the_file_and_is_not_in_help(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o/--out FILE`` writes the result and ``--json`` is the stdout switch, as for ``edgerun bench``
+    (docs/cli.md: one spelling per idea); ``--json FILE``, which the Makefile and docs typed, still writes FILE."""
+    short = ["--seeds", "3", "--nodes", "3", "--seconds", "10", "--kill-at", "0", "--no-drones"]
+    old, old_eq, new = tmp_path / "old.json", tmp_path / "old_eq.json", tmp_path / "new.json"
+    assert main([*short, "--json", str(old)]) == 0
+    assert main([*short, f"--json={old_eq}"]) == 0
+    assert main([*short, "-o", str(new)]) == 0
+    capsys.readouterr()
+
+    def figures(path: Path) -> list[dict[str, object]]:  # the same seed's figures, less its wall-clock time
+        return [{k: v for k, v in run.items() if k != "wall_s"} for run in json.loads(path.read_text())["runs"]]
+
+    assert figures(old) == figures(old_eq) == figures(new)
+    assert [r["seed"] for r in figures(new)] == [3]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out
+    assert "-o FILE, --out FILE" in usage and "--json FILE" not in usage and "[--json]" in usage

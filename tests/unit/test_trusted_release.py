@@ -196,3 +196,21 @@ def test_a_release_without_keys_is_checked_against_the_trusted_keys_expiry_as_a_
     after_expiry = time.time() + 400 * 86400  # fleet keys.json expires in 365 days
     checked = v.check(MODEL, message(bare), now=after_expiry)
     assert (checked.trust, checked.code) == ("forged", "expired"), checked.reason
+
+
+def test_a_release_past_its_signed_expiry_is_refused_as_the_node_refuses_it(released):
+    """The node's updater refuses a manifest past its ``expires`` (``expired``); the station's check must too, with
+    the expiry in the reason, so the page and ``fleet status`` never show a lapsed release as one to install and
+    ``RolloutControl.step`` refuses to re-sign it. The keys.json (365 days) is still valid then: only the manifest
+    (30 days) has lapsed."""
+    fleet, offer = released
+    manifest = parse_manifest(offer.manifest)
+    v = verifier(fleet)
+    assert v.check(MODEL, message(offer), now=manifest.expires_ts - 60).verified
+    checked = v.check(MODEL, message(offer), now=manifest.expires_ts + 60)
+    assert (checked.trust, checked.code) == ("forged", "expired"), checked.reason
+    assert f"manifest v2 expired at {manifest.expires}" in checked.reason
+    assert checked.manifest is not None and checked.manifest.version == 2  # still shown, with why it is refused
+    control = RolloutControl("127.0.0.1", 1, fleet.release_keys[0])  # port 1: nothing may be published
+    with pytest.raises(UnverifiedRelease, match="expired at"):
+        control.step(checked, 100.0, "complete")
