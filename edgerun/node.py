@@ -156,6 +156,14 @@ class Node:
     def fps(self) -> float:
         return self._fps.rate()
 
+    def decoder_rows_dropped(self) -> dict[str, int]:
+        """Rows the serving model's decoders refused (every worker's copy), by reason."""
+        total: collections.Counter[str] = collections.Counter()
+        runtime = self.pipeline.runtime if self.pipeline else None
+        for decoder in list(runtime.decoders) if runtime is not None else []:
+            total.update(getattr(decoder, "dropped", {}))
+        return dict(total)
+
     def pool_free(self) -> int:
         return self.pipeline.pool.free if self.pipeline else 0
 

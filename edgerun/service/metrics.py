@@ -210,6 +210,14 @@ class NodeCollector:
         for (stage, reason), count in sorted(stats.dropped.items()):
             dropped.add_metric([stage, reason], count)
         yield dropped
+        rows = CounterMetricFamily(
+            "edgerun_decoder_rows_dropped",
+            "Output rows the decoder refused as detections (e.g. inverted_box), by reason; the frame goes on.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(node.decoder_rows_dropped().items()):
+            rows.add_metric([reason], count)
+        yield rows
         yield _histogram(
             "edgerun_stage_seconds",
             "Processing time per frame in each pipeline stage.",
