@@ -745,6 +745,7 @@ class Node:
             "detections": stats.detections,
             "dropped": stats.dropped_total,
             "dropped_by_reason": {f"{s}/{r}": n for (s, r), n in sorted(stats.dropped.items())},
+            "decoder_rows_dropped": self.decoder_rows_dropped(),  # rows that were no detection; frames went on
             "source_reconnects": stats.source_reconnects,
             "source_lost": stats.source_lost,  # frames a live source did not deliver while it was gone
             "stage_ms_p50": {

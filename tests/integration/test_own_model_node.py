@@ -13,6 +13,7 @@ served too, its top five compared with LiteRT called directly.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,25 @@ def test_the_node_publishes_what_the_reference_finds_on_the_exporters_own_files(
         assert best["label"] == bundle.labels[cls]
         assert box_iou(box, np.array(best["box"])) >= 0.95, (file, box, best)  # the payload rounds to 0.1 px
         assert abs(best["score"] - float(score)) <= 1e-3
+
+
+def test_rows_that_are_no_box_are_dropped_and_counted_and_the_frame_goes_on(tmp_path):
+    """The untrained YOLO26 export's head gives rows with x2 < x1 on the astronaut (27 above 0.25): the node
+    publishes the frame without them and counts them in its summary."""
+    from tests.unit.test_model_exports import EXPORTS_DIR, small_photo
+
+    bundle = import_model(EXPORTS_DIR / "yolo26t_float32.tflite", tmp_path / "bundle").bundle
+    images = tmp_path / "images"
+    images.mkdir()
+    cv2.imwrite(str(images / "astronaut.png"), cv2.cvtColor(small_photo("astronaut"), cv2.COLOR_RGB2BGR))
+    proc, batches = run_node(tmp_path, bundle.root, images)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stderr.split("stopped: ", 1)[1].splitlines()[0])
+    assert summary["decoder_rows_dropped"].get("inverted_box", 0) >= 1, summary
+    assert len(batches) == 1 and batches[0]["detections"], "the frame goes on with its other rows"
+    for d in batches[0]["detections"]:
+        x1, y1, x2, y2 = d["box"]
+        assert x2 >= x1 and y2 >= y1, d
 
 
 def test_the_node_classifies_photos_as_the_reference_does(efficientnet_lite0_tflite, tmp_path):
