@@ -84,8 +84,10 @@ class AlertOutbox:
                 "last_error": "",
                 "body": json.dumps(body, separators=(",", ":")),
             }
-            inserted = conn.execute(self._insert().on_conflict_do_nothing(), row).rowcount
-        return "queued" if inserted else "known"
+            # RETURNING, not rowcount: psycopg counts a conflicting row that was not inserted.
+            ins = self._insert().on_conflict_do_nothing().returning(alert_posts.c.object_id)
+            inserted = conn.execute(ins, row).first()
+        return "queued" if inserted is not None else "known"
 
     def pending(self, conn: sa.Connection | None = None) -> int:
         if conn is None:

@@ -33,7 +33,8 @@ from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.station.auth import set_password
 from tests.conftest import free_port
 from tests.integration.brokers import wait_for
-from tests.integration.test_station_browser import CHROMEDRIVER, browser, submit_login, text_of  # noqa: F401 (fixture)
+from tests.integration.station_rig import CHROMEDRIVER, browser, submit_login  # noqa: F401 (fixture)
+from tests.integration.test_station_browser import text_of
 from tests.unit.test_ota_release import Fleet, head_variant
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")

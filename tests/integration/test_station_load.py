@@ -25,7 +25,7 @@ import pytest
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from tests.conftest import free_port
 from tests.integration.brokers import wait_for
-from tests.integration.test_station_browser import CHROMEDRIVER, browser  # noqa: F401 - the fixture
+from tests.integration.station_rig import CHROMEDRIVER, browser  # noqa: F401 - the fixture
 
 N_NODES = 50
 FPS = 15.0
