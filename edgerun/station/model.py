@@ -214,6 +214,8 @@ class FleetModel:
         self.retired: dict[str, dict[str, Any]] = {}  # node -> the retire action in force ({"ts", "by", ...})
         # Retired nodes that spoke again: their retained retire marks are to be cleared (the station publishes).
         self.came_back: list[str] = []
+        # Acknowledged objects the model forgot (its bound): their retained ack marks are to be cleared.
+        self.forgotten_acks: list[str] = []
         # What a store has not written yet (None: no store; nothing is kept).
         self.journal: Batch | None = Batch() if journal else None
         self._journal_nodes: set[str] = set()
@@ -563,6 +565,9 @@ class FleetModel:
                 del self.objects[oldest]
                 self.alerts.forget(oldest)
                 self._removed_objects.add(oldest)
+                if oldest in self.alerts.acks:
+                    self.forgotten_acks.append(oldest)
+                    del self.forgotten_acks[:-256]
                 self._dirty_objects.discard(oldest)
             known = self.objects.get(obj["id"])
             if retained and known is not None and known["last_seen"] >= obj["last_seen"]:

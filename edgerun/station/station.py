@@ -116,6 +116,9 @@ class StationOptions:
     # older than alert_max_age_s are given up (counted).
     alert_image_wait_s: float = 3.0
     alert_max_age_s: float = 3600.0
+    # The broker forgets an ack mark after this long (MQTT 5 message expiry): three days, longer than a node
+    # keeps its objects retained (a day by default), so a station started while the find is retained sees the ack.
+    ack_expiry_s: int = 3 * 86400
 
 
 def station_client_id(options: StationOptions) -> str:
@@ -301,6 +304,9 @@ class Station:
                 while self.model.came_back:
                     # Cleared, so a station started later does not retire it again from the old mark.
                     self.subscriber.publish_retained(wire.retired_topic(self.model.came_back.pop()), b"")
+                while self.model.forgotten_acks:
+                    # The object is gone from the fleet view: its mark would only hold a broker slot.
+                    self.subscriber.publish_retained(wire.ack_topic(self.model.forgotten_acks.pop()), b"")
             except Exception:  # a bug here must not freeze every page
                 log.exception("station: building a delta failed")
 
@@ -493,7 +499,8 @@ class Station:
         if alert["acked_by"] is None:
             mark = wire.AlertAck(object=object_id, ts=time.time(), by=by[:128])
             payload = msgspec.json.encode(mark)
-            if not self.subscriber.publish_retained(wire.ack_topic(object_id), payload):
+            expiry = self.options.ack_expiry_s
+            if not self.subscriber.publish_retained(wire.ack_topic(object_id), payload, expiry_s=expiry):
                 log.warning("station: ack of %s: not connected to the broker; other stations will not know", object_id)
             self.model.ack(object_id, mark.by, mark.ts, key=payload_key(payload))
         return {"object": object_id, "acked_by": alert["acked_by"], "acked_ts": alert["acked_ts"]}

@@ -235,9 +235,13 @@ def current_version(conn: Connection) -> int:
 def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     """Take the database to ``target``; returns the version it was at. A newer database than this code: refused."""
     with engine.begin() as conn:
+        # Two stations starting at once on an empty database must not both create the tables: the migration
+        # runs holding the database's write lock (PostgreSQL: an advisory lock; SQLite: BEGIN IMMEDIATE, as
+        # Python's sqlite3 would otherwise run each CREATE on its own, outside any transaction).
         if engine.dialect.name == "postgresql":
-            # Two stations starting at once on an empty database must not both create the tables.
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(7467318)"))
+        elif engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
         metadata.create_all(conn, tables=[schema_version])
         found = current_version(conn)
         if found > SCHEMA_VERSION:

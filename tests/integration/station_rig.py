@@ -140,6 +140,15 @@ def log_in(driver: Any, url: str, user: str, password: str) -> None:
     ), driver.page_source[:2000]
 
 
+def post_ack(station_url: str, object_id: str) -> dict[str, Any]:
+    """Acknowledge an alert as the page does (a loopback station without --users: this machine's operator may)."""
+    request = urllib.request.Request(
+        f"{station_url}/api/alerts/{object_id}/ack", method="POST", data=b"", headers={"X-Edgerun-Confirm": object_id}
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())
+
+
 class HookReceiver:
     """A webhook receiver on loopback: 503 to the first ``fail_first`` POSTs (changeable while it runs), then 204;
     it keeps every body with the status it answered."""

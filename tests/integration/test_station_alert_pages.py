@@ -16,9 +16,7 @@ pages logged in as two operators.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from typing import Any
 
 import pytest
@@ -34,6 +32,7 @@ from tests.integration.station_rig import (
     log_in,
     needs_chromium,
     needs_postgresql,
+    post_ack,
     postgres_server,
 )
 from tests.integration.test_station_doors import users_file  # noqa: F401 (fixture)
@@ -230,15 +229,6 @@ def test_an_ack_needs_a_login_the_csrf_token_a_confirmation_and_a_known_alert(tm
         finally:
             station.stop()
             read_only.stop()
-
-
-def post_ack(station_url: str, object_id: str) -> dict[str, Any]:
-    """What the page sends (a loopback station without --users: this machine's operator may act)."""
-    request = urllib.request.Request(
-        f"{station_url}/api/alerts/{object_id}/ack", method="POST", data=b"", headers={"X-Edgerun-Confirm": object_id}
-    )
-    with urllib.request.urlopen(request, timeout=10) as r:
-        return json.loads(r.read())
 
 
 @needs_postgresql

@@ -200,7 +200,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             )
 
             # A station started after the fact, on an empty store, has only the retained words to go by.
-            late = StationProcess(tmp_path, broker.port, db=str(tmp_path / "late.db", name="late"))
+            late = StationProcess(tmp_path, broker.port, db=tmp_path / "late.db", name="late")
             stations.append(late)
             assert wait_for(
                 lambda: late.states() == {"drone-1": "stopped", "drone-2": "stopped", "drone-3": "dead"}, timeout=10
