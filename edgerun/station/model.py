@@ -389,8 +389,9 @@ class FleetModel:
         node.engine = doc.model.engine[:200] or node.engine
         width, height = doc.frame.width, doc.frame.height
         node.frame = (width, height)
-        pose = None if doc.pose is None else pose_from_payload(msgspec.structs.asdict(doc.pose))
-        if pose is not None:
+        sent = doc.pose
+        pose = None if sent is None else pose_from_payload(msgspec.structs.asdict(sent))
+        if pose is not None and sent is not None:
             node.pose = {
                 "east_m": pose.east_m,
                 "north_m": pose.north_m,
@@ -398,6 +399,9 @@ class FleetModel:
                 "yaw_deg": pose.yaw_deg,
                 "hfov_deg": pose.hfov_deg,
             }
+            if sent.lat is not None and sent.lon is not None:
+                # The node's own place on Earth, when its frame has one: the map draws it there.
+                node.pose.update(lat=sent.lat, lon=sent.lon)
             node.footprint = footprint(pose, width, height) if width and height else None
             self._trail(node, now, pose.east_m, pose.north_m)
         node.boxes = [

@@ -19,12 +19,17 @@ function frameAnchors() {
   const per = {}; let any = null;
   for (const o of Object.values(S.objects)) {
     if (o.lat == null || o.lon == null || o.east_m == null || o.north_m == null) continue;
-    const [mlat, mlon] = metresPerDegree(o.lat);
-    const anchor = [o.lat - o.north_m / mlat, o.lon - o.east_m / mlon];
+    const anchor = frameOrigin(o.lat, o.lon, o.east_m, o.north_m);
     if (o.owner && !per[o.owner]) per[o.owner] = anchor;
     if (!any) any = anchor;
   }
   return { per, any };
+}
+
+// The origin of a local frame, from a point's lat/lon and its east/north in that frame.
+function frameOrigin(lat, lon, east, north) {
+  const [mlat, mlon] = metresPerDegree(lat);
+  return [lat - north / mlat, lon - east / mlon];
 }
 
 function toLatLon(anchor, east, north) {
@@ -120,9 +125,12 @@ function geoRender() {
   const drones = new Set(), trails = new Set(), footprints = new Set();
   for (const [id, nd] of Object.entries(S.nodes)) {
     if (!nd.pose) continue;
-    const anchor = per[id] || any;
+    // A node that says where it is on Earth is drawn there, and its own frame (from that and its east/north)
+    // places its trail and footprint; else the frame of the objects it owns, else the fleet's.
+    const own = nd.pose.lat != null && nd.pose.lon != null;
+    const anchor = own ? frameOrigin(nd.pose.lat, nd.pose.lon, nd.pose.east_m, nd.pose.north_m) : (per[id] || any);
     let here = null;
-    if (nd.pose.lat != null && nd.pose.lon != null) here = [nd.pose.lat, nd.pose.lon];
+    if (own) here = [nd.pose.lat, nd.pose.lon];
     else if (anchor) here = toLatLon(anchor, nd.pose.east_m, nd.pose.north_m);
     if (!here) continue;
     drones.add(id);
