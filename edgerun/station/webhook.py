@@ -30,6 +30,7 @@ from edgerun.station.outbox import AlertOutbox, Post, memory_engine
 log = logging.getLogger(__name__)
 
 ALERT_SCHEMA = "edgerun.alert/1"
+EXPIRE_EVERY_S = 5.0  # how often pending posts are checked against the age bound
 
 
 def check_webhook_url(url: str) -> str:
@@ -97,6 +98,7 @@ class AlertWebhook:
         self._incoming: list[dict[str, Any]] = []  # submitted, not yet in the outbox (at most one poll's worth)
         self._pending = 0  # the outbox's pending rows at the last look
         self._wake = asyncio.Event()
+        self._last_expire = float("-inf")
         self.sent = 0  # delivered (a 2xx answer)
         self.failed = 0  # attempts that failed (each retry of one alert counts)
         self.dropped_by: Counter[str] = Counter()  # alerts given up: full, too_old, attempts
@@ -134,7 +136,7 @@ class AlertWebhook:
         async with ClientSession(timeout=ClientTimeout(total=self.timeout_s)) as session:
             while True:
                 await self._take_incoming()
-                dropped = await asyncio.to_thread(outbox.expire, self.clock())
+                dropped = await self._expire()
                 if dropped:
                     self.dropped_by["too_old"] += dropped
                     log.error("station: alert webhook gave up on %d alerts older than %g s", dropped, outbox.max_age_s)
@@ -148,6 +150,14 @@ class AlertWebhook:
                         await asyncio.wait_for(self._wake.wait(), self.poll_s)
                     except asyncio.TimeoutError:
                         pass
+
+    async def _expire(self) -> int:
+        """The outbox's age bound, checked every EXPIRE_EVERY_S (it writes: not on every poll)."""
+        now = self.clock()
+        if now - self._last_expire < EXPIRE_EVERY_S:
+            return 0
+        self._last_expire = now
+        return await asyncio.to_thread(self.outbox.expire, now)
 
     async def _take_incoming(self) -> None:
         while self._incoming:
