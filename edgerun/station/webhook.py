@@ -95,7 +95,8 @@ class AlertWebhook:
             max_age_s=max_age_s,
             lease_s=timeout_s + 10.0,  # longer than one attempt: a live station's claim never lapses mid-post
         )
-        self._incoming: list[dict[str, Any]] = []  # submitted, not yet in the outbox (at most one poll's worth)
+        # Submitted, not yet in the outbox: kept there at the next poll, or after the post in flight.
+        self._incoming: list[dict[str, Any]] = []
         self._pending = 0  # the outbox's pending rows at the last look
         self._wake = asyncio.Event()
         self._last_expire = float("-inf")
