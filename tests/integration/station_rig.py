@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -74,6 +74,11 @@ class StationProcess:
         """``GET /api/snapshot`` (a loopback station without --users, or with --public-view: reads need no login)."""
         with urllib.request.urlopen(self.url + "/api/snapshot", timeout=5) as r:
             return json.loads(r.read())
+
+    def wait_connected(self, timeout: float = 30.0) -> None:
+        """Until the station says it is connected to the broker (its API answers before that)."""
+        connected = lambda: bool((self.snapshot().get("broker") or {}).get("connected"))  # noqa: E731
+        assert wait_for(connected, timeout, 0.25), self.log()
 
     def states(self) -> dict[str, str]:
         return {k: n["state"] for k, n in self.snapshot()["nodes"].items()}
@@ -219,6 +224,19 @@ def postgres_server() -> Iterator[str]:
             run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def publish_until(
+    port: int, messages: list[tuple[str, bytes, dict[str, str]]], done: Callable[[], bool], rounds: int = 3
+) -> bool:
+    """Publish (not retained) until ``done``, at most ``rounds`` times, 10 s apart: a station subscribes a moment
+    after it says it is connected, and a message published in between never reaches it. For messages the
+    station takes once however often they come (the same fleet object report, the same event payload)."""
+    for _ in range(rounds):
+        publish(port, messages, retain=False)
+        if wait_for(done, 10, 0.25):
+            return True
+    return False
 
 
 def publish(port: int, messages: list[tuple[str, bytes, dict[str, str]]], retain: bool = True) -> None:

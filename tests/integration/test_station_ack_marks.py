@@ -18,7 +18,7 @@ import pytest
 from edgerun import wire
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from tests.integration.brokers import wait_for
-from tests.integration.station_rig import StationProcess, post_ack, publish
+from tests.integration.station_rig import StationProcess, post_ack, publish, publish_until
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
 T0 = 1_800_000_000.0
@@ -79,10 +79,12 @@ def test_an_ack_mark_expires_at_the_broker_and_is_cleared_when_its_object_is_for
     with run_mosquitto() as broker:
         station = StationProcess(tmp_path, broker.port, "--ack-expiry-s", "4")
         try:
+            station.wait_connected()
             now = time.time()
-            publish(broker.port, [("edgerun/fleet/objects", fleet_objects(1, 2, now - 60), {})], retain=False)
             ids = [f"{1:016x}", f"{2:016x}"]
-            assert wait_for(lambda: {a["id"] for a in station.snapshot()["alerts"]} == set(ids), 20, 0.25)
+            first = station
+            alerting = lambda: {a["id"] for a in first.snapshot()["alerts"]} == set(ids)  # noqa: E731
+            assert publish_until(broker.port, [("edgerun/fleet/objects", fleet_objects(1, 2, now - 60), {})], alerting)
 
             # -- the mark expires: a subscriber within the expiry gets it, one after it does not --------------
             post_ack(station.url, ids[0])
@@ -99,9 +101,11 @@ def test_an_ack_mark_expires_at_the_broker_and_is_cleared_when_its_object_is_for
         # -- the station forgets an acknowledged object (5000 newer ones): it clears its mark -----------------
         station = StationProcess(tmp_path, broker.port, name="station-2")  # the default expiry: three days
         try:
-            publish(broker.port, [("edgerun/fleet/objects", fleet_objects(3, 1, now - 60), {})], retain=False)
+            station.wait_connected()
             old = f"{3:016x}"
-            assert wait_for(lambda: old in {a["id"] for a in station.snapshot()["alerts"]}, 20, 0.25)
+            second = station
+            alerting = lambda: old in {a["id"] for a in second.snapshot()["alerts"]}  # noqa: E731
+            assert publish_until(broker.port, [("edgerun/fleet/objects", fleet_objects(3, 1, now - 60), {})], alerting)
             post_ack(station.url, old)
             assert wait_for(lambda: old in retained_marks(broker.port, 0.5), 10, 0.25)
             assert 3 * 86400 - 60 < retained_marks(broker.port, 0.5)[old]["expiry"] <= 3 * 86400

@@ -80,6 +80,8 @@ def test_each_drone_is_drawn_at_its_own_lat_lon_whatever_frame_it_flies_in(tmp_p
     with run_mosquitto() as broker:
         station = StationProcess(tmp_path, broker.port)
         try:
+            station.wait_connected()
+            time.sleep(1.0)  # the subscription follows the connection (the detections below come four times)
             publish(broker.port, [("edgerun/fleet/objects", find_of_drone_a(), {})], retain=False)
             for seq in range(4):
                 publish(broker.port, [(f"edgerun/{n}/detections", detections(n, seq), {}) for n in DRONES], False)

@@ -19,7 +19,7 @@ import pytest
 from edgerun import wire
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from tests.integration.brokers import wait_for
-from tests.integration.station_rig import HookReceiver, StationProcess, publish
+from tests.integration.station_rig import HookReceiver, StationProcess, publish_until
 from tests.integration.test_station_webhook import finds
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
@@ -56,15 +56,17 @@ def test_two_stations_on_one_sqlite_file_both_write_and_count_each_row_once(tmp_
             ids = list(range(1, 21))
             notes = [wire.event_payload("drone-1", "note", {"text": f"note {k}"}) for k in range(5)]
             events = [("edgerun/drone-1/events", json.dumps(n).encode(), {}) for n in notes]
-            publish(broker.port, finds(ids, set()) + events, retain=False)
             expected = {f"{i:016x}" for i in ids}
+            for s in stations:
+                s.wait_connected()
 
             def shows_all(s: StationProcess) -> bool:
                 snap = s.snapshot()
                 notes = {e["text"] for e in snap["events"] if e["node"] == "drone-1" and e["kind"] == "note"}
                 return {o["id"] for o in snap["objects"]} == expected and len(notes) == 5
 
-            assert wait_for(lambda: all(shows_all(s) for s in stations), 30, 0.25), [s.log() for s in stations]
+            shown = lambda: all(shows_all(s) for s in stations)  # noqa: E731
+            assert publish_until(broker.port, finds(ids, set()) + events, shown), [s.log() for s in stations]
             assert wait_for(lambda: {b["object"] for b in receiver.delivered()} == expected, 30, 0.25)
             time.sleep(2.0)  # both flush (every 0.5 s); nothing more is posted
             assert sorted(b["object"] for b in receiver.delivered()) == sorted(expected)

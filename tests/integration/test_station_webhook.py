@@ -21,7 +21,13 @@ import pytest
 from edgerun import wire
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from tests.integration.brokers import wait_for
-from tests.integration.station_rig import HookReceiver, StationProcess, needs_postgresql, postgres_server, publish
+from tests.integration.station_rig import (
+    HookReceiver,
+    StationProcess,
+    needs_postgresql,
+    postgres_server,
+    publish_until,
+)
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
 
@@ -83,11 +89,11 @@ def test_two_stations_on_one_postgresql_post_each_alert_once_with_its_picture_or
         try:
             hook = ("--alert-webhook", receiver.url, "--alert-image-wait-s", "1")
             stations = [StationProcess(tmp_path, broker.port, *hook, db=url, name=f"station-{i}") for i in (1, 2)]
-            publish(broker.port, finds(ids, pictured), retain=False)
+            for s in stations:
+                s.wait_connected()
             expected = {f"{i:016x}" for i in ids}
-            assert wait_for(lambda: all(alerts_of(s) == expected for s in stations), 30, 0.25), [
-                s.log() for s in stations
-            ]
+            shown = lambda: all(alerts_of(s) == expected for s in stations)  # noqa: E731
+            assert publish_until(broker.port, finds(ids, pictured), shown), [s.log() for s in stations]
             assert wait_for(lambda: {b["object"] for b in receiver.delivered()} == expected, 60, 0.25), (
                 receiver.posts,
                 [s.snapshot()["webhook"] for s in stations],
@@ -126,7 +132,9 @@ def test_posts_pending_when_the_station_stops_go_out_once_after_its_restart(tmp_
         try:
             hook: tuple[str, ...] = ("--alert-webhook", receiver.url, "--alert-image-wait-s", "0")
             station = StationProcess(tmp_path, broker.port, *hook, db=db)
-            publish(broker.port, finds([1, 2], set()), retain=False)
+            station.wait_connected()
+            first = station
+            assert publish_until(broker.port, finds([1, 2], set()), lambda: len(first.snapshot()["alerts"]) == 2)
 
             def both_pending(s: StationProcess) -> dict[str, Any] | None:
                 stats = s.snapshot()["webhook"]
