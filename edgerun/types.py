@@ -52,7 +52,7 @@ class Pose:
         return (self.origin_lat, self.origin_lon, self.ground_alt_m)
 
     def to_wire(self) -> wire.Pose:
-        return wire.Pose(
+        pose = wire.Pose(
             round(self.east_m, 3),
             round(self.north_m, 3),
             round(self.up_m, 3),
@@ -61,6 +61,14 @@ class Pose:
             round(self.roll_deg, 3),
             round(self.hfov_deg, 3),
         )
+        anchor = self.anchor
+        if anchor is not None:
+            # The closed form dedup uses (no PROJ pipeline per frame): under 1e-4 of the offset off within 10 km.
+            from swarm.geo import offset_latlon
+
+            lat, lon = offset_latlon(anchor[0], anchor[1], self.east_m, self.north_m)
+            pose.lat, pose.lon, pose.alt_m = round(lat, 7), round(lon, 7), round(anchor[2] + self.up_m, 2)
+        return pose
 
     def to_payload(self) -> dict[str, float]:
         return msgspec.structs.asdict(self.to_wire())

@@ -144,8 +144,10 @@ class ModelRef(msgspec.Struct):
     engine: str
 
 
-class Pose(msgspec.Struct):
-    """Camera pose in the swarm's local east/north/up frame (metres) and attitude (degrees)."""
+class Pose(msgspec.Struct, omit_defaults=True):
+    """Camera pose in the swarm's local east/north/up frame (metres) and attitude (degrees); where the node's
+    frame has a place on Earth, also the camera's own position there (WGS84 degrees, metres above mean sea level),
+    so a station draws the drone at its lat/lon whatever frame it flies in. Absent: a frame not on the map."""
 
     east_m: float
     north_m: float
@@ -154,6 +156,9 @@ class Pose(msgspec.Struct):
     pitch_deg: float
     roll_deg: float
     hfov_deg: float
+    lat: Latitude | None = None
+    lon: Longitude | None = None
+    alt_m: Finite | None = None
 
 
 class Detection(msgspec.Struct, omit_defaults=True):

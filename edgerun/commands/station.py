@@ -162,10 +162,17 @@ def alert_options(args: argparse.Namespace) -> dict[str, Any]:
     labels = [label.strip() for label in (args.alert_labels or "").split(",") if label.strip()]
     if args.page_url and not args.page_url.startswith(("http://", "https://")):
         raise ConfigError(f"--page-url: expected an http:// or https:// URL, got {args.page_url!r}")
+    if args.alert_image_wait_s < 0 or args.alert_max_age_s <= 0:
+        raise ConfigError("--alert-image-wait-s must be 0 or more and --alert-max-age-s positive")
+    if args.ack_expiry_s < 0:
+        raise ConfigError("--ack-expiry-s must be 0 (kept until cleared) or more")
     return {
         "alert_labels": labels,
         "alert_webhook": check_webhook_url(args.alert_webhook) if args.alert_webhook else None,
         "page_url": args.page_url or "",
+        "alert_image_wait_s": args.alert_image_wait_s,
+        "alert_max_age_s": args.alert_max_age_s,
+        "ack_expiry_s": args.ack_expiry_s,
     }
 
 
@@ -320,7 +327,25 @@ def add_station_parser(sub: Any) -> None:
         "--alert-webhook",
         default=None,
         metavar="URL",
-        help="POST a JSON body for each new alert here (retried with backoff, bounded)",
+        help="POST a JSON body for each new alert here (retried with backoff, bounded; pending posts kept in --db)",
+    )
+    st.add_argument(
+        "--alert-image-wait-s",
+        type=float,
+        default=3.0,
+        help="a webhook post waits this long for its find's picture, then goes without it (and says so)",
+    )
+    st.add_argument(
+        "--ack-expiry-s",
+        type=int,
+        default=3 * 86400,
+        help="the broker forgets an acknowledgement's retained mark after this long (default 3 days; 0: never)",
+    )
+    st.add_argument(
+        "--alert-max-age-s",
+        type=float,
+        default=3600.0,
+        help="give up (counted) a webhook post still pending after this long (the receiver was down)",
     )
     st.add_argument(
         "--page-url",

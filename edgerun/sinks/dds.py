@@ -153,6 +153,9 @@ def writer_qos(reliable: bool, depth: int, max_blocking_ms: int, xcdr1: bool = F
 # -- Conversions between the JSON payload and the wire types -------------------------------------
 
 
+_NATIVE_POSE_FIELDS = ("east_m", "north_m", "up_m", "yaw_deg", "pitch_deg", "roll_deg", "hfov_deg")
+
+
 def payload_to_native(payload: dict[str, Any]) -> Any:
     """The native sample with the same values as the JSON payload."""
     from edgerun.sinks.idl import native
@@ -167,7 +170,8 @@ def payload_to_native(payload: dict[str, Any]) -> Any:
         frame=native.FrameInfo(**payload["frame"]),
         model=native.ModelInfo(**payload["model"]),
         latency_ms=math.nan if latency is None else float(latency),
-        pose=[] if pose is None else [native.Pose(**pose)],
+        # The DDS type has the pose in its local frame only: the camera's lat/lon/alt_m (wire.Pose) stay out.
+        pose=[] if pose is None else [native.Pose(**{k: pose[k] for k in _NATIVE_POSE_FIELDS})],
         detections=[
             native.Detection(
                 label=d["label"],

@@ -214,6 +214,8 @@ class FleetModel:
         self.retired: dict[str, dict[str, Any]] = {}  # node -> the retire action in force ({"ts", "by", ...})
         # Retired nodes that spoke again: their retained retire marks are to be cleared (the station publishes).
         self.came_back: list[str] = []
+        # Acknowledged objects the model forgot (its bound): their retained ack marks are to be cleared.
+        self.forgotten_acks: list[str] = []
         # What a store has not written yet (None: no store; nothing is kept).
         self.journal: Batch | None = Batch() if journal else None
         self._journal_nodes: set[str] = set()
@@ -387,8 +389,9 @@ class FleetModel:
         node.engine = doc.model.engine[:200] or node.engine
         width, height = doc.frame.width, doc.frame.height
         node.frame = (width, height)
-        pose = None if doc.pose is None else pose_from_payload(msgspec.structs.asdict(doc.pose))
-        if pose is not None:
+        sent = doc.pose
+        pose = None if sent is None else pose_from_payload(msgspec.structs.asdict(sent))
+        if pose is not None and sent is not None:
             node.pose = {
                 "east_m": pose.east_m,
                 "north_m": pose.north_m,
@@ -396,6 +399,9 @@ class FleetModel:
                 "yaw_deg": pose.yaw_deg,
                 "hfov_deg": pose.hfov_deg,
             }
+            if sent.lat is not None and sent.lon is not None:
+                # The node's own place on Earth, when its frame has one: the map draws it there.
+                node.pose.update(lat=sent.lat, lon=sent.lon)
             node.footprint = footprint(pose, width, height) if width and height else None
             self._trail(node, now, pose.east_m, pose.north_m)
         node.boxes = [
@@ -563,6 +569,9 @@ class FleetModel:
                 del self.objects[oldest]
                 self.alerts.forget(oldest)
                 self._removed_objects.add(oldest)
+                if oldest in self.alerts.acks:
+                    self.forgotten_acks.append(oldest)
+                    del self.forgotten_acks[:-256]
                 self._dirty_objects.discard(oldest)
             known = self.objects.get(obj["id"])
             if retained and known is not None and known["last_seen"] >= obj["last_seen"]:

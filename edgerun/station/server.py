@@ -56,6 +56,7 @@ STATIC_FILES = {
     "station.js": "text/javascript",
     "station-map.js": "text/javascript",
     "alerts.js": "text/javascript",
+    "patch.js": "text/javascript",
     "station.css": "text/css",
 }
 CLIENT_QUEUE = 64  # deltas a page may fall behind before it is cut off (and reconnects)

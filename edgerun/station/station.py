@@ -32,7 +32,7 @@ from edgerun.ota.errors import Rejected
 from edgerun.ota.manifest import cohort_position
 from edgerun.ota.minisign import PublicKey, SecretKey
 from edgerun.station.canary import CanaryPolicy, judge
-from edgerun.station.model import NODE_ID_RE, OBJECT_ID_RE, FleetModel, NodeView, payload_key
+from edgerun.station.model import NODE_ID_RE, OBJECT_ID_RE, FleetModel, NodeView, image_url, payload_key
 from edgerun.station.store import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, StationStore
 from edgerun.station.subscriber import FleetSubscriber
 from edgerun.station.webhook import AlertWebhook, alert_body
@@ -112,6 +112,13 @@ class StationOptions:
     alert_labels: list[str] = field(default_factory=list)
     alert_webhook: str | None = None
     page_url: str = ""
+    # A webhook post waits this long for its find's picture (then goes without it, saying so); pending posts
+    # older than alert_max_age_s are given up (counted).
+    alert_image_wait_s: float = 3.0
+    alert_max_age_s: float = 3600.0
+    # The broker forgets an ack mark after this long (MQTT 5 message expiry): three days, longer than a node
+    # keeps its objects retained (a day by default), so a station started while the find is retained sees the ack.
+    ack_expiry_s: int = 3 * 86400
 
 
 def station_client_id(options: StationOptions) -> str:
@@ -131,10 +138,22 @@ class Station:
             journal=options.db is not None,
             alert_labels=frozenset(options.alert_labels) if options.alert_labels else None,
         )
-        self.webhook = AlertWebhook(options.alert_webhook) if options.alert_webhook else None
         self.store = (
             StationStore(options.db, max_age_s=options.db_max_age_s, max_bytes=options.db_max_bytes)
             if options.db is not None
+            else None
+        )
+        # Pending posts live in the store (they survive a restart; stations sharing it post each alert once).
+        self.webhook = (
+            AlertWebhook(
+                options.alert_webhook,
+                engine=self.store.engine if self.store is not None else None,
+                claimer=station_client_id(options),
+                image_url_of=self._image_url_of,
+                image_wait_s=options.alert_image_wait_s,
+                max_age_s=options.alert_max_age_s,
+            )
+            if options.alert_webhook
             else None
         )
         resume = options.db is not None and options.session_expiry_s > 0
@@ -285,6 +304,9 @@ class Station:
                 while self.model.came_back:
                     # Cleared, so a station started later does not retire it again from the old mark.
                     self.subscriber.publish_retained(wire.retired_topic(self.model.came_back.pop()), b"")
+                while self.model.forgotten_acks:
+                    # The object is gone from the fleet view: its mark would only hold a broker slot.
+                    self.subscriber.publish_retained(wire.ack_topic(self.model.forgotten_acks.pop()), b"")
             except Exception:  # a bug here must not freeze every page
                 log.exception("station: building a delta failed")
 
@@ -477,10 +499,17 @@ class Station:
         if alert["acked_by"] is None:
             mark = wire.AlertAck(object=object_id, ts=time.time(), by=by[:128])
             payload = msgspec.json.encode(mark)
-            if not self.subscriber.publish_retained(wire.ack_topic(object_id), payload):
+            expiry = self.options.ack_expiry_s
+            if not self.subscriber.publish_retained(wire.ack_topic(object_id), payload, expiry_s=expiry):
                 log.warning("station: ack of %s: not connected to the broker; other stations will not know", object_id)
             self.model.ack(object_id, mark.by, mark.ts, key=payload_key(payload))
         return {"object": object_id, "acked_by": alert["acked_by"], "acked_ts": alert["acked_ts"]}
+
+    def _image_url_of(self, object_id: str) -> str | None:
+        """The absolute URL of a find's picture on this station's page, once the station has it."""
+        if object_id not in self.model.images:
+            return None
+        return (self.options.page_url or self.page_url()).rstrip("/") + image_url(object_id)
 
     def page_url(self) -> str:
         host = self.options.bind_host

@@ -36,7 +36,7 @@ from edgerun.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_MAX_AGE_S = 30 * 86400.0  # a month of missions: a search rarely lasts longer
 DEFAULT_MAX_BYTES = 2 * 1024**3  # stored bytes; the demo swarm writes far less a day (docs/station.md)
 ROW_OVERHEAD = 48  # bytes a row costs beyond its text and blobs (keys, numbers, index entries), for the size bound
@@ -121,8 +121,26 @@ actions = sa.Table(  # what operators did: retire a node, acknowledge an alert (
     sa.Column("detail", sa.Text, nullable=False),
 )
 
+# -- version 3 --
+alert_posts = sa.Table(  # the alert webhook's posts (edgerun/station/outbox.py): pending ones survive a restart
+    "alert_posts",
+    metadata,
+    # One row per alert in the database: two stations that both raise it insert one row, and one of them posts it.
+    sa.Column("object_id", sa.String(128), primary_key=True),
+    sa.Column("created", sa.Float, nullable=False, index=True),
+    sa.Column("due", sa.Float, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(8), nullable=False, index=True),  # pending, sent, dropped
+    sa.Column("claimed_by", sa.String(64), nullable=True),
+    sa.Column("claimed_until", sa.Float, nullable=True),
+    sa.Column("done", sa.Float, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+)
+
 V1_TABLES = [objects, object_versions, events, nodes, rollouts]
 V2_TABLES = [object_images, actions]
+V3_TABLES = [alert_posts]
 
 
 def _create(tables: list[sa.Table]) -> Callable[[Connection], None]:
@@ -130,7 +148,7 @@ def _create(tables: list[sa.Table]) -> Callable[[Connection], None]:
 
 
 # MIGRATIONS[n] takes a database from version n to n + 1 (version 0: empty).
-MIGRATIONS: list[Callable[[Connection], None]] = [_create(V1_TABLES), _create(V2_TABLES)]
+MIGRATIONS: list[Callable[[Connection], None]] = [_create(V1_TABLES), _create(V2_TABLES), _create(V3_TABLES)]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -217,9 +235,13 @@ def current_version(conn: Connection) -> int:
 def migrate(engine: Engine, target: int = SCHEMA_VERSION) -> int:
     """Take the database to ``target``; returns the version it was at. A newer database than this code: refused."""
     with engine.begin() as conn:
+        # Two stations starting at once on an empty database must not both create the tables: the migration
+        # runs holding the database's write lock (PostgreSQL: an advisory lock; SQLite: BEGIN IMMEDIATE, as
+        # Python's sqlite3 would otherwise run each CREATE on its own, outside any transaction).
         if engine.dialect.name == "postgresql":
-            # Two stations starting at once on an empty database must not both create the tables.
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(7467318)"))
+        elif engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
         metadata.create_all(conn, tables=[schema_version])
         found = current_version(conn)
         if found > SCHEMA_VERSION:

@@ -93,11 +93,19 @@ class FleetSubscriber:
         if self._client is not None:
             self._client.publish(STATION_EVENTS_TOPIC, payload, qos=1)
 
-    def publish_retained(self, topic: str, payload: bytes) -> bool:
-        """A retained QoS 1 message (a retire mark); False when there is no connection to hand it to."""
+    def publish_retained(self, topic: str, payload: bytes, expiry_s: int = 0) -> bool:
+        """A retained QoS 1 message (a retire or ack mark; empty: clears the topic's), which the broker forgets
+        after ``expiry_s`` (MQTT 5 message expiry; 0: kept until cleared); False when there is no connection."""
         if self._client is None:
             return False
-        info = self._client.publish(topic, payload, qos=1, retain=True)
+        props = None
+        if expiry_s > 0:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            props = Properties(PacketTypes.PUBLISH)
+            props.MessageExpiryInterval = expiry_s
+        info = self._client.publish(topic, payload, qos=1, retain=True, properties=props)
         return bool(info.rc == 0)
 
     # -- paho's thread ----------------------------------------------------------------

@@ -16,16 +16,7 @@ pages logged in as two operators.
 
 from __future__ import annotations
 
-import json
-import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,97 +24,25 @@ import pytest
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.station.auth import set_password
 from edgerun.testing.ports import free_port
-from tests.integration.brokers import python_env, wait_for
-from tests.integration.test_station_browser import CHROMEDRIVER, submit_login
+from tests.integration.brokers import wait_for
+from tests.integration.station_rig import (
+    HookReceiver,
+    StationProcess,
+    chromium,
+    log_in,
+    needs_chromium,
+    needs_postgresql,
+    post_ack,
+    postgres_server,
+)
 from tests.integration.test_station_doors import users_file  # noqa: F401 (fixture)
-from tests.integration.test_station_mission import PG_BIN, StationProcess, Swarm, postgres_server
+from tests.integration.test_station_mission import Swarm
 
 OPERATORS = {"ana": "correct horse battery", "bo": "staple battery horse"}
 FAIL_FIRST = 2
+ALERTING = ("--alert-labels", "face")  # the demo finds faces
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
-needs_chromium = pytest.mark.skipif(
-    not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
-    reason="Debian's chromium and chromium-driver are not installed",
-)
-
-
-class HookReceiver:
-    """A webhook receiver on loopback: 503 to the first ``fail_first`` POSTs, then 204; it keeps every body."""
-
-    def __init__(self, fail_first: int) -> None:
-        self.posts: list[tuple[int, dict[str, Any]]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                status = 503 if len(receiver.posts) < fail_first else 204
-                receiver.posts.append((status, body))
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class Station:
-    def __init__(self, tmp: Path, broker_port: int, db: Path, port: int, *extra: str, name: str = "station") -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = tmp / f"{name}.log"
-        cmd = [
-            sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
-            "--bind", f"127.0.0.1:{port}", "--db", str(db), "--alert-labels", "face", "--stale-s", "4", *extra,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=self.log_path.open("a"), stderr=subprocess.STDOUT, env=python_env())
-        assert wait_for(self._answers, timeout=60), self.log()
-
-    def _answers(self) -> bool:
-        try:
-            self.snapshot()
-            return True
-        except OSError:
-            return False
-
-    def snapshot(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/api/snapshot", timeout=5) as r:  # --public-view: reads need no login
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text()[-3000:]
-
-
-def chromium() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(arg)
-    options.add_argument("--window-size=1400,1000")
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-
 ALERTS_JS = """return {
   open: [...document.querySelectorAll('#alert-list .alert')].map(a => ({id: a.dataset.object,
     text: a.innerText, image: (a.querySelector('img.alert-image') || {}).src || null,
@@ -142,14 +61,6 @@ def alerts_on(driver: Any) -> dict[str, Any]:
     return driver.execute_script(ALERTS_JS)
 
 
-def open_page(driver: Any, url: str, user: str) -> None:
-    driver.get(url + "/login")
-    submit_login(driver, user, OPERATORS[user])
-    assert wait_for(
-        lambda: driver.execute_script("return document.getElementById('who').textContent") == f"operator {user}", 30
-    ), driver.page_source[:2000]
-
-
 @needs_chromium
 @pytest.mark.timeout(420)
 def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_acknowledged(tmp_path):
@@ -159,19 +70,19 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
     db = tmp_path / "station.db"
     receiver = HookReceiver(FAIL_FIRST)
     drivers: list[Any] = []
-    station: Station | None = None
-    other: Station | None = None
+    station: StationProcess | None = None
+    other: StationProcess | None = None
     with run_mosquitto() as broker:
         swarm = Swarm(tmp_path, broker.port)
         try:
             port = free_port()
             doors = ("--users", str(users), "--public-view", "--alert-webhook", receiver.url)
-            station = Station(tmp_path, broker.port, db, port, *doors)
+            station = StationProcess(tmp_path, broker.port, *ALERTING, *doors, db=db, port=port)
             # a second station on the same broker with its own store (a command post): no page, no webhook
-            other = Station(tmp_path, broker.port, tmp_path / "other.db", free_port(), name="other")
+            other = StationProcess(tmp_path, broker.port, *ALERTING, db=tmp_path / "other.db", name="other")
             drivers = [chromium(), chromium()]
             for driver, user in zip(drivers, OPERATORS):
-                open_page(driver, station.url, user)
+                log_in(driver, station.url, user, OPERATORS[user])
             for driver in drivers:  # sound needs a user gesture: the page asks once and says whether it is on
                 assert alerts_on(driver)["sound"] == "sound is off"
 
@@ -264,7 +175,7 @@ def test_a_find_alerts_two_pages_until_one_operator_acknowledges_it_and_stays_ac
             station.stop()
             posts_before = len(receiver.posts)
             known_before = set(unacked) | {target}
-            station = Station(tmp_path, broker.port, db, port, *doors)
+            station = StationProcess(tmp_path, broker.port, *ALERTING, *doors, db=db, port=port)
             after = {a["id"]: a for a in station.snapshot()["alerts"]}
             assert (after[target]["acked_by"], after[target]["acked_ts"]) == ("operator:ana", acked["acked_ts"])
             for oid in unacked:
@@ -320,16 +231,7 @@ def test_an_ack_needs_a_login_the_csrf_token_a_confirmation_and_a_known_alert(tm
             read_only.stop()
 
 
-def post_ack(station_url: str, object_id: str) -> dict[str, Any]:
-    """What the page sends (a loopback station without --users: this machine's operator may act)."""
-    request = urllib.request.Request(
-        f"{station_url}/api/alerts/{object_id}/ack", method="POST", data=b"", headers={"X-Edgerun-Confirm": object_id}
-    )
-    with urllib.request.urlopen(request, timeout=10) as r:
-        return json.loads(r.read())
-
-
-@pytest.mark.skipif(PG_BIN is None or not (PG_BIN / "initdb").exists(), reason="Debian's postgresql is not installed")
+@needs_postgresql
 @pytest.mark.timeout(300)
 def test_two_stations_on_one_postgresql_share_an_ack_and_store_it_once(tmp_path):
     """A tent and a command post on one PostgreSQL database: an ack on one shows on the other (live, through the
@@ -344,7 +246,7 @@ def test_two_stations_on_one_postgresql_share_an_ack_and_store_it_once(tmp_path)
         stations: list[StationProcess] = []
         swarm = None
         try:
-            stations = [StationProcess(tmp_path, f"station-{i}", broker.port, url) for i in (1, 2)]
+            stations = [StationProcess(tmp_path, broker.port, db=url, name=f"station-{i}") for i in (1, 2)]
             swarm = Swarm(tmp_path, broker.port)
 
             def common_alert() -> str | None:
@@ -367,7 +269,7 @@ def test_two_stations_on_one_postgresql_share_an_ack_and_store_it_once(tmp_path)
             assert acked_on(stations[1])["acked_ts"] == answer["acked_ts"]  # type: ignore[index]
             time.sleep(1.5)  # both stations flush (every 0.5 s) what they journalled
             stations[1].kill()
-            restarted = StationProcess(tmp_path, "station-2b", broker.port, url, port=stations[1].port)
+            restarted = StationProcess(tmp_path, broker.port, db=url, name="station-2b", port=stations[1].port)
             stations.append(restarted)
             restored = {a["id"]: a for a in restarted.snapshot()["alerts"]}[target]
             assert (restored["acked_by"], restored["acked_ts"]) == ("operator", answer["acked_ts"])

@@ -34,9 +34,9 @@ from edgerun.station.auth import set_password
 from edgerun.testing.ports import free_tcp_udp_port
 from tests.conftest import free_port
 from tests.integration.brokers import REPO, Collector, collecting, wait_for
+from tests.integration.station_rig import CHROMEDRIVER, browser, submit_login  # noqa: F401 (browser: a fixture)
 from tests.unit.test_ota_release import Fleet, head_variant
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
 NODES = ("drone-1", "drone-2", "drone-3")
 OPERATOR, PASSWORD = "alice", "correct horse battery"
 OBJECT_SCHEMA = REPO / "edgerun" / "schema" / "object-v2.json"
@@ -195,27 +195,6 @@ def rig(tmp_path, blazeface_bundle):
                     station.kill()
 
 
-@pytest.fixture
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1600,1200",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 DRONES_JS = """return [...document.querySelectorAll('g.drone')].map(g => ({id: g.dataset.id, state: g.dataset.state,
   east: +g.dataset.east, north: +g.dataset.north}));"""
 ROWS_JS = """return [...document.querySelectorAll('#nodes tbody tr[data-id]')].map(r => ({id: r.dataset.id,
@@ -237,19 +216,6 @@ def text_of(driver: Any, element_id: str) -> str | None:
     return driver.execute_script(
         "const e = document.getElementById(arguments[0]); return e ? e.innerText : null;", element_id
     )
-
-
-def submit_login(driver: Any, user: str, password: str) -> None:
-    """Fill and send the login form, then wait until the station's answer has replaced the form's page."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    form = driver.find_element(By.ID, "login")
-    driver.find_element(By.ID, "user").send_keys(user)
-    driver.find_element(By.ID, "password").send_keys(password)
-    driver.find_element(By.ID, "login-submit").click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(form))  # held only to see it go
 
 
 def until(driver: Any, what: str, predicate, rig: dict, timeout: float = 90.0) -> None:
@@ -286,7 +252,7 @@ def click_halt(driver: Any) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, browser, tmp_path, blazeface_bundle):
+def test_station_page_shows_the_fleet_marks_the_dead_and_halts_a_rollout(rig, browser, tmp_path, blazeface_bundle):  # noqa: F811
 
     driver = browser
     broker_port = rig["broker"].port

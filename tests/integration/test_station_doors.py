@@ -33,7 +33,8 @@ from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.station.auth import set_password
 from tests.conftest import free_port
 from tests.integration.brokers import wait_for
-from tests.integration.test_station_browser import CHROMEDRIVER, browser, submit_login, text_of  # noqa: F401 (fixture)
+from tests.integration.station_rig import CHROMEDRIVER, browser, chromium, submit_login  # noqa: F401 (fixture)
+from tests.integration.test_station_browser import text_of
 from tests.unit.test_ota_release import Fleet, head_variant
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
@@ -574,19 +575,7 @@ def test_a_browser_logs_in_through_the_form_and_out_again(tmp_path, users_file, 
 )
 def test_a_browser_on_a_rebound_name_gets_no_page(tmp_path):
     """Chromium resolves evil.example to 127.0.0.1 (what a rebinding DNS server does): the station refuses it."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--host-resolver-rules=MAP evil.example 127.0.0.1",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium("--host-resolver-rules=MAP evil.example 127.0.0.1")
     with run_mosquitto() as broker:
         station = StationProc(tmp_path, broker.port)
         try:

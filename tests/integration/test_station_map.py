@@ -15,7 +15,6 @@ import csv
 import io
 import json
 import math
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -38,17 +37,14 @@ from edgerun.station.tiles import open_tiles
 from swarm.geo import DEFAULT_ANCHOR
 from tests.conftest import free_port
 from tests.integration.brokers import wait_for
+from tests.integration.station_rig import chromium, needs_chromium
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
 OPERATOR, PASSWORD = "bob", "staple battery horse"
 ZOOMS = (16, 17, 18)
 
 pytestmark = [
     pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
-    pytest.mark.skipif(
-        not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
-        reason="Debian's chromium and chromium-driver are not installed",
-    ),
+    needs_chromium,
 ]
 
 
@@ -158,19 +154,7 @@ def rig(tmp_path):
 
 @pytest.fixture
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium()
     try:
         yield driver
     finally:

@@ -17,16 +17,10 @@ station as a process on a SQLite file (and two of them on one real PostgreSQL 15
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +31,17 @@ from edgerun.demo_swarm import DEMO_RADIUS_M, SIDE_STEP_M, SPACING_M, write_swar
 from edgerun.sinks.mosquitto import find_mosquitto, run_mosquitto
 from edgerun.testing.ports import free_port, free_tcp_udp_port
 from tests.integration.brokers import collecting, python_env, wait_for
-from tests.integration.test_station_browser import CHROMEDRIVER, browser  # noqa: F401 (fixture)
+from tests.integration.station_rig import (  # noqa: F401 (browser: a fixture)
+    PG_BIN,
+    StationProcess,
+    browser,
+    needs_chromium,
+    needs_postgresql,
+    postgres_server,
+    publish,
+)
 
 NODES = ("drone-1", "drone-2", "drone-3")
-PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
 
 pytestmark = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
 
@@ -106,41 +107,6 @@ http_port = {free_port()}
             self.stop(name, signal.SIGKILL)
 
 
-class StationProcess:
-    def __init__(self, tmp: Path, name: str, broker_port: int, db: str, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / f"{name}.log"
-        cmd = [
-            sys.executable, "-m", "edgerun", "station", "--mqtt", f"127.0.0.1:{broker_port}",
-            "--bind", f"127.0.0.1:{self.port}", "--db", db, "--stale-s", "4",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=self.log_path.open("a"), stderr=subprocess.STDOUT, env=python_env())
-        assert wait_for(self._answers, timeout=60), self.log()
-
-    def _answers(self) -> bool:
-        try:
-            self.snapshot()
-            return True
-        except OSError:
-            return False
-
-    def snapshot(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/api/snapshot", timeout=5) as r:
-            return json.loads(r.read())
-
-    def states(self) -> dict[str, str]:
-        return {k: n["state"] for k, n in self.snapshot()["nodes"].items()}
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text()[-3000:]
-
-
 def comparable(snap: dict[str, Any]) -> dict[str, Any]:
     """What an operator reads off the page: objects, node states and last seen, the events."""
     return {
@@ -186,10 +152,7 @@ def click_retire(driver: Any, node: str) -> None:
     alert.accept()
 
 
-@pytest.mark.skipif(
-    not Path(CHROMEDRIVER).exists() or not shutil.which("chromium"),
-    reason="Debian's chromium and chromium-driver are not installed",
-)
+@needs_chromium
 @pytest.mark.timeout(400)
 def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_deaths(tmp_path, browser):  # noqa: F811
     driver = browser
@@ -198,7 +161,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
         swarm = Swarm(tmp_path, broker.port)
         stations: list[StationProcess] = []
         try:
-            station = StationProcess(tmp_path, "station", broker.port, db)
+            station = StationProcess(tmp_path, broker.port, db=db, name="station")
             stations.append(station)
             assert wait_for(
                 lambda: (
@@ -224,7 +187,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             # session expiry) and hands it over when the station comes back.
             missed = wire.event_payload("sensor-9", "note", {"text": "said while the station was down"})
             publish(broker.port, [("edgerun/sensor-9/events", json.dumps(missed).encode(), {})], retain=False)
-            again = StationProcess(tmp_path, "station", broker.port, db, port=station.port)
+            again = StationProcess(tmp_path, broker.port, db=db, name="station", port=station.port)
             stations.append(again)
             after = comparable(again.snapshot())
             assert after["nodes"] == before["nodes"]
@@ -237,7 +200,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
             )
 
             # A station started after the fact, on an empty store, has only the retained words to go by.
-            late = StationProcess(tmp_path, "late", broker.port, str(tmp_path / "late.db"))
+            late = StationProcess(tmp_path, broker.port, db=tmp_path / "late.db", name="late")
             stations.append(late)
             assert wait_for(
                 lambda: late.states() == {"drone-1": "stopped", "drone-2": "stopped", "drone-3": "dead"}, timeout=10
@@ -263,7 +226,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
                 assert wait_for(lambda s=s: "drone-3" not in s.states(), timeout=10), s.states()
             assert any(e["text"] == "retired by operator:ana: lost in the river" for e in again.snapshot()["events"])
             again.kill()
-            third = StationProcess(tmp_path, "station", broker.port, db, port=station.port)
+            third = StationProcess(tmp_path, broker.port, db=db, name="station", port=station.port)
             stations.append(third)
             time.sleep(1.0)
             assert set(third.states()) == {"drone-1", "sensor-9"}
@@ -280,41 +243,7 @@ def test_a_killed_station_comes_back_with_the_same_mission_and_names_stops_and_d
 # -- two stations, one PostgreSQL ---------------------------------------------------------------
 
 
-@contextmanager
-def postgres_server() -> Iterator[str]:
-    """A private PostgreSQL (Debian's) on a free loopback port, its socket and data in a temporary directory,
-    run as ``nobody`` (postgres refuses root); stopped and removed afterwards. Yields a postgresql:// URL.
-
-    The directory is made under the system's temp dir, not pytest's tmp_path: that one sits under a 0700
-    directory of root's that ``nobody`` cannot enter."""
-    assert PG_BIN is not None
-    port = free_port()
-    root = Path(tempfile.mkdtemp(prefix="edgerun-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(root, "nobody")
-        as_user = ["runuser", "-u", "nobody", "--"]
-    data, log = root / "data", root / "server.log"
-
-    def run(*cmd: str) -> None:
-        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120, cwd=root)
-
-    try:
-        run(str(PG_BIN / "initdb"), "-D", str(data), "-U", "edgerun", "--auth=trust", "-E", "UTF8", "--no-sync")
-        run(
-            str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "start",
-            "-o", f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off",
-        )  # fmt: skip
-        try:
-            run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "edgerun", "mission")
-            yield f"postgresql://edgerun@127.0.0.1:{port}/mission"
-        finally:
-            run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.mark.skipif(PG_BIN is None or not (PG_BIN / "initdb").exists(), reason="Debian's postgresql is not installed")
+@needs_postgresql
 def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_once(tmp_path):
     pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
     import sqlalchemy as sa
@@ -326,7 +255,7 @@ def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_onc
             stations: list[StationProcess] = []
             swarm = None
             try:
-                stations = [StationProcess(tmp_path, f"station-{i}", broker.port, url) for i in (1, 2)]
+                stations = [StationProcess(tmp_path, broker.port, db=url, name=f"station-{i}") for i in (1, 2)]
                 swarm = Swarm(tmp_path, broker.port)
                 assert wait_for(lambda: all(len(s.snapshot()["objects"]) >= 2 for s in stations), timeout=120)
                 time.sleep(3.0)
@@ -347,7 +276,7 @@ def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_onc
                 node_events = {m.payload for m in heard.messages if m.topic.endswith("/events")}
                 # One of them killed and started again: it rebuilds the same view from the shared database.
                 stations[0].kill()
-                restarted = StationProcess(tmp_path, "station-1b", broker.port, url)
+                restarted = StationProcess(tmp_path, broker.port, db=url, name="station-1b")
                 stations.append(restarted)
                 again = {
                     o["id"]: {k: v for k, v in o.items() if k != "received"} for o in restarted.snapshot()["objects"]
@@ -373,27 +302,6 @@ def test_two_stations_on_one_postgresql_show_the_same_objects_and_count_each_onc
 
 
 # -- pictures and the page's retire button ------------------------------------------------------
-
-
-def publish(port: int, messages: list[tuple[str, bytes, dict[str, str]]], retain: bool = True) -> None:
-    """Retained QoS 1 messages with MQTT 5 user properties. The producer stands in for the node's picture
-    publisher (another branch builds it); what is tested is the station's side of the topic."""
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
-    from edgerun.mqtt_client import connect_blocking, new_client
-
-    client = new_client(id_prefix="test-picture-producer")
-    connect_blocking(client, "127.0.0.1", port)
-    try:
-        for topic, payload, user in messages:
-            props = Properties(PacketTypes.PUBLISH)
-            if user:
-                props.UserProperty = list(user.items())
-            client.publish(topic, payload, qos=1, retain=retain, properties=props).wait_for_publish(10)
-    finally:
-        client.disconnect()
-        client.loop_stop()
 
 
 def test_object_pictures_and_retirement_are_served_behind_the_login_and_survive_a_kill(tmp_path):
@@ -472,17 +380,17 @@ def test_object_pictures_and_retirement_are_served_behind_the_login_and_survive_
                 s.stop()
 
 
-@pytest.mark.skipif(PG_BIN is None or not (PG_BIN / "initdb").exists(), reason="Debian's postgresql is not installed")
-def test_a_postgresql_store_one_version_behind_is_migrated_and_keeps_its_mission():
+@needs_postgresql
+def test_a_postgresql_store_of_the_first_version_is_migrated_and_keeps_its_mission():
     pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
     import sqlalchemy as sa
 
-    from edgerun.station.store import SCHEMA_VERSION, Batch, StationStore, engine_for, migrate
+    from edgerun.station.store import Batch, StationStore, engine_for, migrate
 
     with postgres_server() as url:
         engine = engine_for(url)
-        migrate(engine, target=SCHEMA_VERSION - 1)
-        with engine.begin() as conn:  # a row as the previous version wrote it
+        migrate(engine, target=1)
+        with engine.begin() as conn:  # a row as the first version wrote it
             conn.execute(
                 sa.text(
                     "INSERT INTO events (key, ts, node, kind, text, level) "
@@ -494,7 +402,8 @@ def test_a_postgresql_store_one_version_behind_is_migrated_and_keeps_its_mission
         engine.dispose()
         store = StationStore(url)
         try:
-            assert store.open() == SCHEMA_VERSION - 1
+            assert store.open() == 1
+            assert {"object_images", "actions", "alert_posts"} <= set(sa.inspect(store.engine).get_table_names())
             assert [e["text"] for e in store.load().events] == ["online"]
             jpeg = b"\xff\xd8\xff" + b"\0" * 100
             image = {

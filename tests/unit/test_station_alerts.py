@@ -224,6 +224,8 @@ def test_the_webhook_retries_with_backoff_until_the_receiver_takes_it():
                 "sent": 1,
                 "failed": 2,
                 "dropped": 0,
+                "dropped_by": {},
+                "known": 0,
                 "queued": 0,
                 "last_error": "",
             }

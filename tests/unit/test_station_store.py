@@ -136,12 +136,12 @@ def test_an_empty_database_is_created_at_the_current_version(tmp_path):
     engine.dispose()
 
 
-def test_a_database_one_version_behind_is_migrated_and_keeps_its_mission(tmp_path):
-    """A store written by the previous schema (no pictures, no operator actions) opens, keeps what it held, and
-    takes pictures and actions afterwards."""
+def test_a_database_of_the_first_version_is_migrated_through_every_step_and_keeps_its_mission(tmp_path):
+    """A store written by schema version 1 (no pictures, no operator actions, no webhook outbox) opens, keeps what
+    it held, and takes pictures and webhook posts afterwards."""
     path = tmp_path / "old.db"
     engine = engine_for(str(path))
-    migrate(engine, target=SCHEMA_VERSION - 1)
+    migrate(engine, target=1)
     engine.dispose()
     with sqlite3.connect(path) as conn:  # rows as the previous version wrote them
         doc = json.dumps({"id": OBJECT_ID, "label": "person", "east_m": 1.0, "north_m": 2.0, "last_seen": T0})
@@ -153,7 +153,8 @@ def test_a_database_one_version_behind_is_migrated_and_keeps_its_mission(tmp_pat
         assert "object_images" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     store = StationStore(str(path), clock=lambda: T0 + 100)
     try:
-        assert store.open() == SCHEMA_VERSION - 1
+        assert store.open() == 1
+        assert {"object_images", "actions", "alert_posts"} <= set(sa.inspect(store.engine).get_table_names())
         restored = store.load()
         assert [o["id"] for o in restored.objects] == [OBJECT_ID] and restored.events[0]["text"] == "online"
         image = {"object_id": OBJECT_ID, "jpeg": JPEG, "node": "d1", "score": 0.9, "box": "", "ts": T0}

@@ -3,7 +3,7 @@
 // and delta to alertsApply(); the acknowledgement goes to POST /api/alerts/<id>/ack and comes back in a delta.
 "use strict";
 
-const A = { alerts: {}, audio: null, soundWanted: false, lastTone: 0, posting: new Set(), message: "" };
+const A = { alerts: {}, audio: null, soundWanted: false, lastTone: 0, posting: new Set(), message: "", dirty: false };
 const TONE_EVERY_MS = 4000;  // how often an unacknowledged find sounds again
 const ACKED_SHOWN = 20;
 
@@ -11,7 +11,14 @@ function alertsApply(data, isSnapshot) {
   if (isSnapshot) A.alerts = {};
   for (const a of data.alerts || []) A.alerts[a.id] = a;
   for (const id of data.removed_objects || []) delete A.alerts[id];  // the station forgot the object (its bound)
-  if (isSnapshot || (data.alerts && data.alerts.length) || (data.removed_objects && data.removed_objects.length)) alertsRender();  // redrawn only when an alert changed
+  // A snapshot (the page's first message) is drawn at once; a delta only when an alert changed, in station.js's
+  // next frame (alertsRedraw), not once per message.
+  if (isSnapshot) alertsRender();
+  else if ((data.alerts && data.alerts.length) || (data.removed_objects && data.removed_objects.length)) A.dirty = true;
+}
+
+function alertsRedraw() {
+  if (A.dirty) alertsRender();
 }
 
 function alertsEl() {
@@ -45,6 +52,7 @@ function alertsPlace(a) {
 }
 
 function alertsRender() {
+  A.dirty = false;
   const box = alertsEl();
   const all = Object.values(A.alerts);
   const open = all.filter((a) => !a.acked_by).sort((x, y) => y.found - x.found);
@@ -54,18 +62,18 @@ function alertsRender() {
   const canAct = typeof S === "undefined" || S.canAct;
   A.renderedCanAct = canAct;
   const focus = decodeURIComponent((window.location.hash.match(/^#object=(.+)$/) || [])[1] || "");  // a webhook's link
-  document.getElementById("alert-list").innerHTML = open.map((a) => `<div class="alert${a.id === focus ? " alert-focus" : ""}"
+  patchChildren(document.getElementById("alert-list"), open.map((a) => [a.id, `<div class="alert${a.id === focus ? " alert-focus" : ""}"
     data-object="${esc(a.id)}">
     ${a.image_url ? `<img class="alert-image" src="${esc(a.image_url)}" alt="picture of ${esc(a.label)}">` : ""}
     <div class="alert-text"><b>${esc(a.label)}</b> ${a.score !== null && a.score !== undefined ? fmt(a.score, 2) : ""}
     <span class="muted">${esc(a.id)}</span><br>${esc(alertsPlace(a))}<br>
     found ${clock(a.found)} by ${esc(a.owner || "?")}</div>
     <button type="button" class="alert-ack" data-ack="${esc(a.id)}" ${canAct && !A.posting.has(a.id) ? "" : "disabled"}>
-    acknowledge</button></div>`).join("");
+    acknowledge</button></div>`]));
   document.getElementById("alert-acked-count").textContent = String(acked.length);
-  document.getElementById("alert-acked").innerHTML = acked.filter((a, i) => i < ACKED_SHOWN || a.id === focus).map((a) =>
-    `<li${a.id === focus ? ' class="alert-focus"' : ""} data-object="${esc(a.id)}" data-by="${esc(a.acked_by)}">${esc(a.label)} <span class="muted">${esc(a.id)}</span>
-    acknowledged by <b>${esc(a.acked_by)}</b> at ${clock(a.acked_ts)}</li>`).join("");
+  patchChildren(document.getElementById("alert-acked"), acked.filter((a, i) => i < ACKED_SHOWN || a.id === focus).map((a) =>
+    [a.id, `<li${a.id === focus ? ' class="alert-focus"' : ""} data-object="${esc(a.id)}" data-by="${esc(a.acked_by)}">${esc(a.label)} <span class="muted">${esc(a.id)}</span>
+    acknowledged by <b>${esc(a.acked_by)}</b> at ${clock(a.acked_ts)}</li>`]));
   alertsSoundState();
   if (open.length) alertsTone();
 }

@@ -3,7 +3,7 @@
 "use strict";
 
 const GEO = { map: null, tiles: null, info: undefined, objects: null, drones: null, shapes: null, fitted: false,
-  objectMarkers: {}, droneMarkers: {}, clustered: false };
+  objectMarkers: {}, droneMarkers: {}, trails: {}, footprints: {}, clustered: false };
 
 // Metres per degree of latitude and longitude at a latitude (the WGS84 ellipsoid's series; cm over a search area).
 function metresPerDegree(latDeg) {
@@ -19,12 +19,17 @@ function frameAnchors() {
   const per = {}; let any = null;
   for (const o of Object.values(S.objects)) {
     if (o.lat == null || o.lon == null || o.east_m == null || o.north_m == null) continue;
-    const [mlat, mlon] = metresPerDegree(o.lat);
-    const anchor = [o.lat - o.north_m / mlat, o.lon - o.east_m / mlon];
+    const anchor = frameOrigin(o.lat, o.lon, o.east_m, o.north_m);
     if (o.owner && !per[o.owner]) per[o.owner] = anchor;
     if (!any) any = anchor;
   }
   return { per, any };
+}
+
+// The origin of a local frame, from a point's lat/lon and its east/north in that frame.
+function frameOrigin(lat, lon, east, north) {
+  const [mlat, mlon] = metresPerDegree(lat);
+  return [lat - north / mlat, lon - east / mlon];
 }
 
 function toLatLon(anchor, east, north) {
@@ -116,14 +121,16 @@ function geoRender() {
   for (const id of Object.keys(GEO.objectMarkers)) {
     if (!seen.has(id)) { GEO.objects.removeLayer(GEO.objectMarkers[id].marker); delete GEO.objectMarkers[id]; }
   }
-  // drones, footprints and trails: redrawn (a handful of shapes per node)
-  GEO.shapes.clearLayers();
-  const drones = new Set();
+  // drones, footprints and trails: each node's shapes are kept and moved, not rebuilt on every redraw
+  const drones = new Set(), trails = new Set(), footprints = new Set();
   for (const [id, nd] of Object.entries(S.nodes)) {
     if (!nd.pose) continue;
-    const anchor = per[id] || any;
+    // A node that says where it is on Earth is drawn there, and its own frame (from that and its east/north)
+    // places its trail and footprint; else the frame of the objects it owns, else the fleet's.
+    const own = nd.pose.lat != null && nd.pose.lon != null;
+    const anchor = own ? frameOrigin(nd.pose.lat, nd.pose.lon, nd.pose.east_m, nd.pose.north_m) : (per[id] || any);
     let here = null;
-    if (nd.pose.lat != null && nd.pose.lon != null) here = [nd.pose.lat, nd.pose.lon];
+    if (own) here = [nd.pose.lat, nd.pose.lon];
     else if (anchor) here = toLatLon(anchor, nd.pose.east_m, nd.pose.north_m);
     if (!here) continue;
     drones.add(id);
@@ -131,20 +138,33 @@ function geoRender() {
     if (anchor) {
       const trail = (S.trails[id] || []).map((p) => toLatLon(anchor, p[0], p[1]));
       // Not interactive: a click on what lies inside a footprint (an object, the map) goes to it.
-      if (trail.length > 1) L.polyline(trail, { color: "#7fd1ff", opacity: 0.45, weight: 2, className: "geo-trail",
-        interactive: false }).addTo(GEO.shapes);
-      if (nd.footprint && nd.state !== "dead")
-        L.polygon(nd.footprint.map((p) => toLatLon(anchor, p[0], p[1])), { color: "#7fd1ff", weight: 1,
-          fillOpacity: 0.08, className: "geo-footprint", interactive: false }).addTo(GEO.shapes);
+      if (trail.length > 1) {
+        trails.add(id);
+        geoShape(GEO.trails, id, trail, () => L.polyline(trail, { color: "#7fd1ff", opacity: 0.45, weight: 2,
+          className: "geo-trail", interactive: false }));
+      }
+      if (nd.footprint && nd.state !== "dead") {
+        footprints.add(id);
+        const corners = nd.footprint.map((p) => toLatLon(anchor, p[0], p[1]));
+        geoShape(GEO.footprints, id, corners, () => L.polygon(corners, { color: "#7fd1ff", weight: 1,
+          fillOpacity: 0.08, className: "geo-footprint", interactive: false }));
+      }
     }
     const key = `${nd.state},${fmt(nd.pose.yaw_deg, 0)}`;
     const old = GEO.droneMarkers[id];
-    if (old && old.key === key) { old.marker.setLatLng(here); continue; }
+    if (old && old.key === key) {
+      const at = old.marker.getLatLng();
+      if (at.lat !== here[0] || at.lng !== here[1]) old.marker.setLatLng(here);
+      continue;
+    }
     if (old) GEO.drones.removeLayer(old.marker);
     const marker = L.marker(here, { icon: droneIcon(id, nd), title: id });
     marker.on("click", () => select(id));
     GEO.drones.addLayer(marker);
     GEO.droneMarkers[id] = { marker, key };
+  }
+  for (const [kept, shown] of [[GEO.trails, trails], [GEO.footprints, footprints]]) {
+    for (const id of Object.keys(kept)) if (!shown.has(id)) { GEO.shapes.removeLayer(kept[id].layer); delete kept[id]; }
   }
   for (const id of Object.keys(GEO.droneMarkers)) {
     if (!drones.has(id)) { GEO.drones.removeLayer(GEO.droneMarkers[id].marker); delete GEO.droneMarkers[id]; }
@@ -155,6 +175,14 @@ function geoRender() {
     if (bounds.length) { GEO.map.fitBounds(bounds, { maxZoom: 19, padding: [30, 30] }); GEO.fitted = true; }
     else if (t && t.bounds) GEO.map.fitBounds([[t.bounds[1], t.bounds[0]], [t.bounds[3], t.bounds[2]]]);
   }
+}
+
+// One node's trail or footprint: made once, then given its new points only when they changed.
+function geoShape(kept, id, points, make) {
+  const key = points.map((p) => `${p[0].toFixed(7)},${p[1].toFixed(7)}`).join(" ");
+  const old = kept[id];
+  if (!old) { kept[id] = { layer: make().addTo(GEO.shapes), key }; return; }
+  if (old.key !== key) { old.layer.setLatLngs(points); old.key = key; }
 }
 
 function geoFit() {

@@ -1,4 +1,5 @@
-// edgerun ground station page: one server-sent-events stream (a snapshot, then deltas), drawn at most 5 times a second.
+// edgerun ground station page: one server-sent-events stream (a snapshot, then deltas), drawn at most 5 times a second,
+// in an animation frame, redrawing only the rows and shapes that changed (patch.js).
 "use strict";
 
 const S = { nodes: {}, objects: {}, events: [], rollouts: {}, broker: null, readOnly: true, ground: null, truth: [],
@@ -9,7 +10,10 @@ const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;",
   '"': "&quot;", "'": "&#39;" }[c]));
 const fmt = (v, d = 1) => (v === null || v === undefined || Number.isNaN(v) ? "-" : Number(v).toFixed(d));
-const clock = (ts) => (ts ? new Date(ts * 1000).toLocaleTimeString([], { hour12: false }) : "-");
+// One formatter for every time on the page: toLocaleTimeString makes a new one per call, and a page of 200
+// finds calls it a thousand times a redraw (what toLocaleTimeString([], { hour12: false }) would use).
+const CLOCK = new Intl.DateTimeFormat([], { hour: "numeric", minute: "numeric", second: "numeric", hour12: false });
+const clock = (ts) => (ts ? CLOCK.format(new Date(ts * 1000)) : "-");
 
 function applySnapshot(snap) {
   S.nodes = snap.nodes || {};
@@ -110,30 +114,31 @@ function renderMap() {
   const ox = pad + ((W - 2 * pad) - (e - w) * scale) / 2, oy = pad + ((H - 2 * pad) - (n - s) * scale) / 2;
   const X = (east) => (ox + (east - w) * scale).toFixed(1);
   const Y = (north) => (oy + (n - north) * scale).toFixed(1);
-  const out = [];
+  const out = [];  // [key, one element's html]
+  const put = (key, html) => out.push([key, html]);
   if (S.ground) {
     const g = S.ground.extent;
-    out.push(`<image href="${esc(S.ground.url)}" x="${X(g[0])}" y="${Y(g[3])}" width="${((g[2] - g[0]) * scale).toFixed(1)}"
+    put("ground", `<image href="${esc(S.ground.url)}" x="${X(g[0])}" y="${Y(g[3])}" width="${((g[2] - g[0]) * scale).toFixed(1)}"
       height="${((g[3] - g[1]) * scale).toFixed(1)}" preserveAspectRatio="none" opacity="0.75"/>`);
   }
   // a 1-2-5 grid under everything
   const step = niceLength(span / 6);
   for (let x = Math.ceil(w / step) * step; x <= e; x += step)
-    out.push(`<line x1="${X(x)}" y1="${Y(s)}" x2="${X(x)}" y2="${Y(n)}" stroke="#222a33" stroke-width="1"/>`);
+    put(`gx${x}`, `<line x1="${X(x)}" y1="${Y(s)}" x2="${X(x)}" y2="${Y(n)}" stroke="#222a33" stroke-width="1"/>`);
   for (let y = Math.ceil(s / step) * step; y <= n; y += step)
-    out.push(`<line x1="${X(w)}" y1="${Y(y)}" x2="${X(e)}" y2="${Y(y)}" stroke="#222a33" stroke-width="1"/>`);
-  for (const t of S.truth) {
+    put(`gy${y}`, `<line x1="${X(w)}" y1="${Y(y)}" x2="${X(e)}" y2="${Y(y)}" stroke="#222a33" stroke-width="1"/>`);
+  S.truth.forEach((t, i) => {
     const [a, b, c, d] = t.box_m;
-    out.push(`<rect class="truth" data-label="${esc(t.label)}" x="${X(a)}" y="${Y(d)}" width="${((c - a) * scale).toFixed(1)}"
+    put(`truth${i}`, `<rect class="truth" data-label="${esc(t.label)}" x="${X(a)}" y="${Y(d)}" width="${((c - a) * scale).toFixed(1)}"
       height="${((d - b) * scale).toFixed(1)}" fill="none" stroke="#5aa0ff" stroke-dasharray="4 3" stroke-width="1.5"/>`);
-  }
+  });
   const labels = $("show-labels").checked && Object.keys(S.objects).length <= 80;
   for (const o of Object.values(S.objects)) {
     if (o.east_m == null || o.north_m == null) continue;  // lat/lon only: no place on the local map
     const r = Math.max(4, (o.uncertainty_m || 0) * scale);
     const colour = o.label === "face" ? "#ffd34d" : "#ff7ad9";
     const text = `${o.label} · ${o.owner || "?"} · ${clock(o.first_seen)} · ×${o.seen_count}`;
-    out.push(`<g class="object" data-id="${esc(o.id)}" data-label="${esc(o.label)}" data-owner="${esc(o.owner)}"
+    put(`o:${o.id}`, `<g class="object" data-id="${esc(o.id)}" data-label="${esc(o.label)}" data-owner="${esc(o.owner)}"
       data-seen="${o.seen_count}" data-east="${o.east_m}" data-north="${o.north_m}"><title>${esc(text)}</title>
       <circle cx="${X(o.east_m)}" cy="${Y(o.north_m)}" r="${r.toFixed(1)}" fill="${colour}" fill-opacity="0.18" stroke="${colour}"/>
       <circle cx="${X(o.east_m)}" cy="${Y(o.north_m)}" r="3" fill="${colour}"/>
@@ -141,10 +146,10 @@ function renderMap() {
   }
   for (const [id, nd] of Object.entries(S.nodes)) {
     const trail = S.trails[id] || [];
-    if (trail.length > 1) out.push(`<polyline class="trail" points="${trail.map((p) => `${X(p[0])},${Y(p[1])}`).join(" ")}"
+    if (trail.length > 1) put(`t:${id}`, `<polyline class="trail" points="${trail.map((p) => `${X(p[0])},${Y(p[1])}`).join(" ")}"
       fill="none" stroke="#7fd1ff" stroke-opacity="0.35" stroke-width="1.5"/>`);
     if (nd.footprint && nd.state !== "dead")
-      out.push(`<polygon class="footprint" data-id="${esc(id)}" points="${nd.footprint.map((p) => `${X(p[0])},${Y(p[1])}`).join(" ")}"
+      put(`f:${id}`, `<polygon class="footprint" data-id="${esc(id)}" points="${nd.footprint.map((p) => `${X(p[0])},${Y(p[1])}`).join(" ")}"
         fill="#7fd1ff" fill-opacity="0.08" stroke="#7fd1ff" stroke-opacity="0.6"/>`);
   }
   for (const [id, nd] of Object.entries(S.nodes)) {
@@ -152,7 +157,7 @@ function renderMap() {
     const colour = { dead: "#e05050", stale: "#777", degraded: "#e0a030", stopped: "#888" }[nd.state] || "#4cd964";
     const sel = S.selected === id ? `<circle r="14" fill="none" stroke="#fff" stroke-width="1.5"/>` : "";
     const mark = nd.state === "dead" ? `<path d="M-7,-7 L7,7 M7,-7 L-7,7" stroke="#fff" stroke-width="2"/>` : "";
-    out.push(`<g class="drone" data-id="${esc(id)}" data-state="${esc(nd.state)}" data-east="${nd.pose.east_m}"
+    put(`d:${id}`, `<g class="drone" data-id="${esc(id)}" data-state="${esc(nd.state)}" data-east="${nd.pose.east_m}"
       data-north="${nd.pose.north_m}" transform="translate(${X(nd.pose.east_m)},${Y(nd.pose.north_m)})">${sel}
       <g transform="rotate(${fmt(nd.pose.yaw_deg, 1)})"><path d="M0,-11 L7,8 L0,4 L-7,8 Z" fill="${colour}" stroke="#000"/></g>${mark}
       <text x="10" y="-8" fill="#fff" font-size="12">${esc(id)}</text></g>`);
@@ -160,12 +165,13 @@ function renderMap() {
   // scale bar, bottom left
   const bar = niceLength(((W - 2 * pad) / scale) / 5);
   const bx = pad, by = H - 12;
-  out.push(`<g id="scalebar" data-metres="${bar}"><line x1="${bx}" y1="${by}" x2="${(bx + bar * scale).toFixed(1)}" y2="${by}" stroke="#fff" stroke-width="3"/>
-    <text x="${bx}" y="${by - 6}" fill="#fff" font-size="12">${bar} m</text></g>
-    <text x="${W - 18}" y="22" fill="#fff" font-size="14" text-anchor="middle">N</text>
-    <path d="M${W - 18},26 l-5,12 l5,-3 l5,3 z" fill="#fff"/>`);
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.innerHTML = out.join("");
+  put("scalebar", `<g id="scalebar" data-metres="${bar}"><line x1="${bx}" y1="${by}" x2="${(bx + bar * scale).toFixed(1)}" y2="${by}" stroke="#fff" stroke-width="3"/>
+    <text x="${bx}" y="${by - 6}" fill="#fff" font-size="12">${bar} m</text></g>`);
+  put("north", `<g id="north-arrow"><text x="${W - 18}" y="22" fill="#fff" font-size="14" text-anchor="middle">N</text>
+    <path d="M${W - 18},26 l-5,12 l5,-3 l5,3 z" fill="#fff"/></g>`);
+  const box = `0 0 ${W} ${H}`;
+  if (svg.getAttribute("viewBox") !== box) svg.setAttribute("viewBox", box);
+  patchChildren(svg, out);
 }
 
 // -- tables ---------------------------------------------------------------------------------------------------
@@ -182,7 +188,7 @@ function renderNodes() {
     const canary = cohortOf(nd.id);
     const swarm = nd.swarm_seen === null || nd.swarm_seen === undefined ? "-" : nd.swarm_seen;
     const gone = ["dead", "stale", "stopped"].includes(nd.state);  // what the table shows is the last it heard
-    return `<tr data-id="${esc(nd.id)}" data-state="${esc(nd.state)}" class="state-${esc(nd.state)}">
+    return [`n:${nd.id}`, `<tr data-id="${esc(nd.id)}" data-state="${esc(nd.state)}" class="state-${esc(nd.state)}">
       <td>${esc(nd.id)}${nd.via_swarm ? '<span class="badge b-stale" title="not heard on the broker: from its peers\' gossip">via swarm</span>' : ""}${canary ? `<span class="badge b-canary" title="in the ${canary.percent}% cohort of ${esc(canary.model)} v${canary.version}">canary</span>` : ""}</td>
       <td><span class="badge b-${esc(nd.state)}">${esc(nd.state === "dead" ? "DEAD" : nd.state)}</span></td>
       <td>${gone ? '<span class="muted">last: ' : ""}${esc(nd.health || "-")}${gone ? "</span>" : ""}${reasons ? ` <span class="muted">(${esc(reasons)})</span>` : ""}</td>
@@ -191,19 +197,27 @@ function renderNodes() {
       <td class="num fps">${fmt(nd.fps)}</td><td class="num">${fmt(nd.p99_ms)}</td>
       <td class="num">${nd.dropped ?? "-"}</td><td class="num">${esc(swarm)}</td>
       <td>${nd.last_seen ? `${fmt(Math.max(0, now - nd.last_seen), 0)} s ago` : "-"}</td>
-      <td><button class="retire" data-retire="${esc(nd.id)}" ${S.canAct ? 'title="take it off the fleet view; it comes back if it speaks again"' : 'disabled title="log in to act"'}>retire</button></td></tr>`;
+      <td><button class="retire" data-retire="${esc(nd.id)}" ${S.canAct ? 'title="take it off the fleet view; it comes back if it speaks again"' : 'disabled title="log in to act"'}>retire</button></td></tr>`];
   });
-  $("nodes").tBodies[0].innerHTML = rows.join("") || `<tr><td colspan="11" class="muted">no node heard yet</td></tr>`;
+  patchChildren($("nodes").tBodies[0], rows.length ? rows
+    : [["none", `<tr><td colspan="11" class="muted">no node heard yet</td></tr>`]]);
   const objects = Object.values(S.objects).sort((a, b) => (b.last_seen || 0) - (a.last_seen || 0)).slice(0, 200);
   const alertCell = typeof alertsCell === "function" ? alertsCell : () => "";  // alerts.js: new, or who acknowledged
-  $("objects").tBodies[0].innerHTML = objects.map((o) => `<tr data-id="${esc(o.id)}"><td>${esc(o.label)}</td>
+  patchChildren($("objects").tBodies[0], objects.map((o) => [o.id, `<tr data-id="${esc(o.id)}"><td>${esc(o.label)}</td>
     <td class="alert-state">${alertCell(o.id)}</td>
     <td>${esc(o.owner || "-")}</td><td>${clock(o.first_seen)}</td><td class="num">${o.seen_count}</td>
     <td class="latlon">${o.lat != null ? `${o.lat.toFixed(6)}, ${o.lon.toFixed(6)}` : "-"}</td>
-    <td>${o.east_m != null ? `${fmt(o.east_m)}, ${fmt(o.north_m)}` : "-"}</td></tr>`).join("");
+    <td>${o.east_m != null ? `${fmt(o.east_m)}, ${fmt(o.north_m)}` : "-"}</td></tr>`]));
   $("object-count").textContent = `(${Object.keys(S.objects).length})`;
-  $("events").tBodies[0].innerHTML = S.events.slice(-200).reverse().map((ev) => `<tr class="level-${esc(ev.level)}">
-    <td>${clock(ev.ts)}</td><td>${esc(ev.node)}</td><td>${esc(ev.kind)}</td><td>${esc(ev.text)}</td></tr>`).join("");
+  // Events have no id: the same event twice (same time, node and text) is told apart by its count.
+  const times = new Map();
+  patchChildren($("events").tBodies[0], S.events.slice(-200).reverse().map((ev) => {
+    const html = `<tr class="level-${esc(ev.level)}">
+    <td>${clock(ev.ts)}</td><td>${esc(ev.node)}</td><td>${esc(ev.kind)}</td><td>${esc(ev.text)}</td></tr>`;
+    const n = (times.get(html) || 0) + 1;
+    times.set(html, n);
+    return [`${n}:${html}`, html];
+  }));
 }
 
 function renderHeader() {
@@ -329,7 +343,15 @@ function renderMaps() {
   if (geo) geoRender();
   renderMap();
 }
-setInterval(() => { if (S.dirty) { S.dirty = false; renderMaps(); renderNodes(); renderHeader(); } }, 200);
+// At most every 200 ms, and in an animation frame: a hidden tab draws nothing, and one frame draws every change
+// that came since (the stream's deltas and the alerts' marks together).
+let framePending = false;
+function redraw() {
+  framePending = false;
+  if (S.dirty) { S.dirty = false; renderMaps(); renderNodes(); renderHeader(); }
+  if (typeof alertsRedraw === "function") alertsRedraw();  // alerts.js: only when an alert changed
+}
+setInterval(() => { if (!framePending) { framePending = true; requestAnimationFrame(redraw); } }, 200);
 setInterval(() => { S.dirty = true; }, 1000);  // ages and stale marks move with the clock
 setInterval(refreshSnapshot, 2000);
 loadSession();
