@@ -389,7 +389,7 @@ def test_swapped_payload_chunks_on_the_broker_stop_a_promote(rig, blazeface_bund
 def test_a_release_past_its_signed_expiry_is_refused_by_node_and_station_alike(rig, blazeface_bundle, tmp_path):
     """A release signed 40 days ago with the default 30-day expiry (a lapsed release, or one an attacker keeps
     retained to freeze the fleet): the node's updater refuses it as ``expired``; the station must not show it as
-    a verified release either, but with the node's reason, no button, 409 on the page and FORGED in
+    a verified release either, but EXPIRED with the node's reason, no button, 409 on the page and FORGED in
     ``fleet status`` (before, it was shown and promotable as a canary until a node refused it)."""
     v2 = head_variant(blazeface_bundle, tmp_path / "v2", 2)
     signed_at = time.time() - 40 * 86400
@@ -414,6 +414,7 @@ def test_a_release_past_its_signed_expiry_is_refused_by_node_and_station_alike(r
         page = page_rollout(rig.station_port)
         if page is not None:  # Debian's chromium: the reason, and no button to press
             assert page["buttons"] == 0 and f"expired at {expired_at}" in page["text"], page
+            assert "EXPIRED" in page["text"] and "FORGED" not in page["text"], page  # lapsed, not forged
 
         status, body = rig.page_action("promote", 100)
         assert status == 409 and "expired at" in body["error"], body

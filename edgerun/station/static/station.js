@@ -249,7 +249,7 @@ function renderRollouts() {
     // A release that did not verify against the root keys is no release: shown as what it is, with no action.
     if (r.trust === "forged" || r.trust === "replayed")
       return `<div class="rollout" data-model="${esc(r.model)}" data-trust="${esc(r.trust)}">
-        <b>${esc(r.model)} v${r.version}</b> · <span class="badge b-dead">${esc(r.trust.toUpperCase())}</span>
+        <b>${esc(r.model)} v${r.version}</b> · <span class="badge b-dead">${esc(r.trust_code === "expired" ? "EXPIRED" : r.trust.toUpperCase())}</span>
         not a release: nodes refuse it and the station will not sign it
         <div class="why">${esc(r.trust_reason)}</div></div>`;
     const v = r.verdict || {};
