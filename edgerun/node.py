@@ -29,7 +29,7 @@ from edgerun.fleet.member_meta import MemberMeta
 from edgerun.fleet.service import FleetMember, parse_hostport
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
-from edgerun.offload.capabilities import spare_fps
+from edgerun.offload.capabilities import quantised_capacity, spare_fps
 from edgerun.offload.lane import LocalEngineRate
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import Served, ServingController
@@ -653,6 +653,7 @@ class Node:
             meta.queue = server.queue
             calls = self.pipeline.engine_slots.limit if self.pipeline else 1
             meta.spare_fps = spare_fps(calls, engine_ms, self.fps(), server.served_fps)
+            meta = quantised_capacity(meta)  # coarse steps: a figure that wanders with every frame is no news
         if pose is not None:
             meta.east, meta.north, meta.up = round(pose.east_m, 2), round(pose.north_m, 2), round(pose.up_m, 2)
             meta.yaw, meta.hfov = round(pose.yaw_deg, 1), round(pose.hfov_deg, 1)
