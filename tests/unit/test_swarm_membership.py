@@ -544,8 +544,9 @@ def gossiped_alives(net: MemNet) -> list[tuple[float, tuple[str, int], Alive]]:
     return seen
 
 
-# How many push-pull intervals a quiet update takes to reach all of 20 members: measured 82-143 s (median 87 s)
-# over the 80 quiet updates of edgerun.bench.capabilities_gossip's static run; log3(20) ~ 3 rounds, plus luck.
+# How many push-pull intervals a quiet update takes to reach all of 20 members: here 58-128 s over seeds 1-10 at
+# 0 and 10 % loss, in edgerun.bench.capabilities_gossip's runs at most 149 s (median 82-88 s); log3(20) ~ 3
+# rounds, plus luck. Five held in every run measured; the test allows six.
 QUIET_SPREAD_PUSH_PULLS = 6
 
 
