@@ -573,6 +573,24 @@ def test_quiet_metadata_update_reaches_every_member_by_push_pull_and_is_never_go
     assert not any(events(net, m, "dead") or events(net, m, "suspect") for m in members)
 
 
+def test_a_revived_member_is_still_gossiped_with_its_quiet_metadata() -> None:
+    net, members = cluster(8)
+    others = [addr(i) for i in range(8) if i != 5]
+    net.partition([addr(5)], others)
+    net.run_until(net.now + 20.0)
+    assert all(states(m)["m5"] is MemberState.DEAD for i, m in enumerate(members) if i != 5)
+    members[5].set_meta(b"pose-far", net.now, broadcast=False)  # while cut off: nobody has it
+    alives = gossiped_alives(net)
+    net.heal()
+    heal = net.now
+    net.run_until(heal + 5.0)  # well within the first push-pull round after the heal
+    for m in members:
+        got = m.member("m5")
+        assert got is not None and (got.state, got.meta) == (MemberState.ALIVE, b"pose-far")
+    # the refutation that revives m5 carries its quiet metadata, and the others pass it on
+    assert {src for _, src, a in alives if a.name == "m5"} - {addr(5)}
+
+
 def test_a_broadcast_update_still_reaches_every_member_by_gossip_in_seconds() -> None:
     net, members = cluster(20, settle=40.0)
     members[7].set_meta(b"model-2", net.now)
