@@ -653,11 +653,10 @@ class Node:
             meta.queue = server.queue
             calls = self.pipeline.engine_slots.limit if self.pipeline else 1
             meta.spare_fps = spare_fps(calls, engine_ms, self.fps(), server.served_fps)
-            meta = quantised_capacity(meta)  # coarse steps: a figure that wanders with every frame is no news
         if pose is not None:
             meta.east, meta.north, meta.up = round(pose.east_m, 2), round(pose.north_m, 2), round(pose.up_m, 2)
             meta.yaw, meta.hfov = round(pose.yaw_deg, 1), round(pose.hfov_deg, 1)
-        return meta
+        return quantised_capacity(meta)  # capacity in coarse steps: a figure wandering with every frame is no news
 
     def health_extra(self) -> dict[str, Any]:
         return {"swarm": self.fleet.view()} if self.fleet is not None else {}
