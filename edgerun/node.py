@@ -29,7 +29,7 @@ from edgerun.fleet.member_meta import MemberMeta
 from edgerun.fleet.service import FleetMember, parse_hostport
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
-from edgerun.offload.capabilities import spare_fps
+from edgerun.offload.capabilities import quantised_capacity, spare_fps
 from edgerun.offload.lane import LocalEngineRate
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import Served, ServingController
@@ -666,7 +666,7 @@ class Node:
         if pose is not None:
             meta.east, meta.north, meta.up = round(pose.east_m, 2), round(pose.north_m, 2), round(pose.up_m, 2)
             meta.yaw, meta.hfov = round(pose.yaw_deg, 1), round(pose.hfov_deg, 1)
-        return meta
+        return quantised_capacity(meta)  # capacity in coarse steps: a figure wandering with every frame is no news
 
     def health_extra(self) -> dict[str, Any]:
         return {"swarm": self.fleet.view()} if self.fleet is not None else {}

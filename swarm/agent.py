@@ -135,10 +135,11 @@ class SwarmAgent:
         """The smoothed round trip to a member over direct probes (ms), None before one answered or once it died."""
         return None if self.membership is None else self.membership.rtt_ms(name)
 
-    def set_meta(self, meta: bytes) -> None:
+    def set_meta(self, meta: bytes, *, broadcast: bool = True) -> None:
+        """New metadata; ``broadcast=False``: a quiet update that spreads by push-pull only (Membership.set_meta)."""
         self._meta = meta
         if self.membership is not None and self._loop is not None:
-            self.membership.set_meta(meta, self._loop.time())
+            self.membership.set_meta(meta, self._loop.time(), broadcast=broadcast)
             self._flush()
 
     def queue_broadcast(self, key: bytes, payload: bytes) -> None:

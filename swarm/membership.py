@@ -23,6 +23,10 @@ What it does, after memberlist (state.go, suspicion.go, awareness.go, queue.go) 
 * updates piggyback on every packet, each sent ``retransmit_mult * ceil(log10(N+1))`` times, least-sent first,
   a newer update about a member replacing the queued older one (memberlist's TransmitLimitedQueue);
 * periodic push-pull of the full state over a stream repairs what gossip lost (and heals partitions);
+* quiet metadata updates (not in memberlist): ``set_meta(..., broadcast=False)`` takes a new incarnation
+  without gossiping it; push-pull carries it, and a member that learns it there (alive, same address, other
+  metadata) does not re-gossip it either. An accusation of an incarnation at or above the last one we gossiped
+  but below our current (others may know no newer) is refuted on the gossip;
 * app broadcasts (``queue_broadcast``) spread epidemically: every member delivers a (sender, key) payload
   once per newer ``seq`` and re-gossips it; a member's own recent ones also ride on its push-pulls;
 * members declared dead are tried with a push-pull once per push-pull interval (serf's reconnect), which is
@@ -30,8 +34,8 @@ What it does, after memberlist (state.go, suspicion.go, awareness.go, queue.go) 
 * the round trip of every answered direct probe feeds a per-member EWMA (``rtt_ms``), what an offloading node
   picks a helper by.
 
-Interface changes since the skeleton commit: none (``packet_budget`` is the keyword-only extra the interface
-allows).
+Interface changes since the skeleton commit: none but keyword-only extras (``packet_budget``, and
+``set_meta``'s ``broadcast``).
 """
 
 from __future__ import annotations
@@ -208,6 +212,9 @@ class Membership:
         self._user_store: dict[tuple[str, bytes], _StoredUserMsg] = {}
         self._user_seq = 0
         self._failed: dict[str, tuple[tuple[str, int], float]] = {}
+        # The newest incarnation of ours that went out as gossip: above it, others may hold an older one (the
+        # quiet updates since spread only by push-pull), so an accusation of that older one must be refuted.
+        self._gossiped_incarnation = 1
         # Direct probes, not serf's Vivaldi coordinates: every member is probed directly in round-robin, so we
         # hold a real sample of each neighbour within one probe cycle; coordinates pay off when a node must
         # estimate pairs it never measures, which choosing a helper never needs (it only asks "me to you").
@@ -252,6 +259,8 @@ class Membership:
             "user_delivered": 0,
             "user_duplicates": 0,
             "broadcasts_pruned": 0,
+            "quiet_updates": 0,
+            "quiet_merges": 0,
         }
         self._queue_alive_self()
 
@@ -274,8 +283,13 @@ class Membership:
         me = self._nodes[self.local_name]
         self._dead(Dead(name=self.local_name, incarnation=me.incarnation, source=self.local_name), now)
 
-    def set_meta(self, meta: bytes, now: float) -> None:
-        """New metadata for this member, gossiped under a new incarnation."""
+    def set_meta(self, meta: bytes, now: float, *, broadcast: bool = True) -> None:
+        """New metadata for this member under a new incarnation.
+
+        ``broadcast``: gossiped epidemically (every member retransmits it, ~1.3 KB swarm-wide per member at 20
+        members); False: a quiet update, stored and handed on by push-pull anti-entropy only (every member's
+        state rides in each push-pull anyway, so it costs no extra datagram), for what may be minutes old.
+        """
         self._now = now
         if len(meta) > MAX_META_BYTES:
             raise ValueError(f"member metadata is {len(meta)} bytes, at most {MAX_META_BYTES} fit")
@@ -285,7 +299,10 @@ class Membership:
         self.incarnation += 1
         me.incarnation = self.incarnation
         me.meta = bytes(meta)
-        self._queue_alive_self()
+        if broadcast:
+            self._queue_alive_self()
+        else:
+            self.stats["quiet_updates"] += 1
         self._emit("update", me)
 
     def queue_broadcast(self, key: bytes, payload: bytes) -> None:
@@ -526,7 +543,8 @@ class Membership:
         self._relays[seq] = _Relay(message.seq, addr, message.nack, now + self.timing.probe_timeout_s)
         self._send(message.target_addr, [encode_message(Ping(seq=seq, target=message.target, source=self.local_name))])
 
-    def _alive(self, a: Alive, now: float) -> None:
+    def _alive(self, a: Alive, now: float, *, anti_entropy: bool = False) -> None:
+        """memberlist aliveNode; ``anti_entropy``: learned from a push-pull, not from gossip."""
         if self._leaving and a.name == self.local_name:
             return
         member = self._nodes.get(a.name)
@@ -560,7 +578,22 @@ class Membership:
         elif a.incarnation <= member.incarnation:
             return
         self._suspicions.pop(a.name, None)
-        self._updates.queue(a.name, encode_message(a))
+        # Departs from memberlist's aliveNode, which re-broadcasts every newer incarnation it accepts: a newer
+        # incarnation of a member already alive here, at the same address, with other metadata, learned from a
+        # push-pull, is most likely a quiet update (set_meta(broadcast=False)); it goes on by push-pull only, or
+        # each member would retransmit it and undo what quiet saves. A revival, a refutation (same metadata), an
+        # address change and anything learned from gossip are broadcast as memberlist does.
+        quiet = (
+            anti_entropy
+            and not is_new
+            and member.state is MemberState.ALIVE
+            and member.addr == addr
+            and member.meta != a.meta
+        )
+        if quiet:
+            self.stats["quiet_merges"] += 1
+        else:
+            self._updates.queue(a.name, encode_message(a))
         old_state, old_meta = member.state, member.meta
         member.incarnation = a.incarnation
         member.meta = bytes(a.meta)
@@ -580,8 +613,11 @@ class Membership:
         if member is None:
             return
         if s.incarnation < member.incarnation:
-            if s.name == self.local_name and reply_to is not None and not self._leaving:
-                self._answer_suspicion(reply_to)  # the sender missed our refutation: tell it directly
+            if s.name == self.local_name and not self._leaving:
+                if s.incarnation >= self._gossiped_incarnation:
+                    self._refute(s.incarnation)  # others may know no newer one of us: outrank it on the gossip
+                if reply_to is not None:
+                    self._answer_suspicion(reply_to)  # the sender missed our refutation: tell it directly
             return
         suspicion = self._suspicions.get(s.name)
         if suspicion is not None:
@@ -623,7 +659,11 @@ class Membership:
 
     def _dead(self, d: Dead, now: float) -> None:
         member = self._nodes.get(d.name)
-        if member is None or d.incarnation < member.incarnation:
+        if member is None:
+            return
+        if d.incarnation < member.incarnation:
+            if d.name == self.local_name and not self._leaving and d.incarnation >= self._gossiped_incarnation:
+                self._refute(d.incarnation)  # declared dead at a quiet-stale incarnation others may still hold
             return
         self._suspicions.pop(d.name, None)
         if member.state in (MemberState.DEAD, MemberState.LEFT):
@@ -877,7 +917,8 @@ class Membership:
         for pm in remote.members:
             state = MemberState(pm.state)
             if state is MemberState.ALIVE:
-                self._alive(Alive(name=pm.name, addr=pm.addr, incarnation=pm.incarnation, meta=pm.meta), now)
+                alive = Alive(name=pm.name, addr=pm.addr, incarnation=pm.incarnation, meta=pm.meta)
+                self._alive(alive, now, anti_entropy=True)
             elif state is MemberState.LEFT:
                 self._dead(Dead(name=pm.name, incarnation=pm.incarnation, source=pm.name), now)
             else:
@@ -932,6 +973,7 @@ class Membership:
         return Alive(name=me.name, addr=me.addr, incarnation=me.incarnation, meta=me.meta)
 
     def _queue_alive_self(self) -> None:
+        self._gossiped_incarnation = self.incarnation
         self._updates.queue(self.local_name, encode_message(self._alive_self()))
 
     def _next_seq(self) -> int:

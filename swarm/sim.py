@@ -192,19 +192,21 @@ class SwarmSim:
 
         return step
 
-    def member_meta(self, index: int, now: float) -> bytes | None:
-        """The metadata member ``index`` gossips from ``now`` on, or None to keep what it has; asked every
-        ``meta_tick_s``. The simulator knows no metadata format: a subclass supplies one (edgerun's bench of
-        offload capabilities does), with the drone's position in ``self.drones[index]``."""
+    def member_meta(self, index: int, now: float) -> tuple[bytes, bool] | None:
+        """The metadata member ``index`` gossips from ``now`` on and whether it is broadcast (False: a quiet
+        update, Membership.set_meta), or None to keep what it has; asked every ``meta_tick_s``. The simulator
+        knows no metadata format: a subclass supplies one (edgerun's bench of offload capabilities does), with
+        the drone's position in ``self.drones[index]``."""
         return None
 
     def _meta_step(self, index: int) -> Callable[[float], None]:
         host = self.hosts[index]
 
         def step(now: float) -> None:
-            meta = self.member_meta(index, now)
-            if meta is not None:
-                host.membership.set_meta(meta, now)
+            update = self.member_meta(index, now)
+            if update is not None:
+                meta, broadcast = update
+                host.membership.set_meta(meta, now, broadcast=broadcast)
             self.net.input(host, now + self.cfg.meta_tick_s, step)
 
         return step

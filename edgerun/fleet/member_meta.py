@@ -7,6 +7,7 @@ a member whose metadata does not decode is shown without it, never dropped.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import msgspec
@@ -40,6 +41,14 @@ class MemberMeta(msgspec.Struct, array_like=False, omit_defaults=True, forbid_un
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__struct_fields__}
+
+
+class MetaUpdate(Enum):
+    """How a metadata change goes out (swarm.membership.Membership.set_meta)."""
+
+    NONE = "none"  # not worth an update
+    QUIET = "quiet"  # a new incarnation spread by push-pull only: may be minutes old where it arrives
+    URGENT = "urgent"  # broadcast on the gossip: every member within seconds
 
 
 _encoder = msgspec.msgpack.Encoder()

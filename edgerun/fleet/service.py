@@ -22,8 +22,8 @@ from edgerun import hostport, wire
 from edgerun.config import SwarmConfig
 from edgerun.errors import ConfigError, EdgerunError
 from edgerun.fleet.find_images import FindCropper, FindImages
-from edgerun.fleet.member_meta import MemberMeta, decode_meta, encode_meta
-from edgerun.offload.capabilities import CAPABILITY_CHANGE, CAPABILITY_INTERVAL_S, capabilities_due
+from edgerun.fleet.member_meta import MemberMeta, MetaUpdate, decode_meta, encode_meta
+from edgerun.offload.capabilities import capabilities_due, quantised_capacity
 from edgerun.types import DetectionBatch, Pose
 from swarm.config import SwarmTiming
 from swarm.dedup import Dedup, DedupConfig, Observation, deferral_s
@@ -32,10 +32,16 @@ from swarm.membership import UserBroadcast
 
 log = logging.getLogger(__name__)
 
-# When this member's metadata is gossiped again (see meta_worth_gossiping).
-META_MOVE_M = 5.0
-META_TURN_DEG = 30.0
-META_REFRESH_S = 30.0
+# When this member's metadata goes out again, and how (see meta_update_kind). Pose, fps and capacity are quiet
+# updates (push-pull only), at most every META_QUIET_MIN_S: at 20 members one broadcast update costs the swarm
+# ~26 KB (each member retransmits it 8 times), so a broadcast per member per 30 s is the whole 1 KB/s budget.
+META_QUIET_MIN_S = 30.0
+# A pose that moved farther than this goes out (quietly) without waiting: a camera at the fleet's 30 m with a
+# 62 deg lens sees a ground strip ~36 m wide, so past 20 m (or a 45 deg turn, < 1/3 of the view left in common)
+# a map drawn from the old pose shows ground the camera no longer sees. Quiet updates cost no datagram (the
+# state rides in every push-pull anyway); this only bounds how old the pose is when a push-pull carries it.
+META_FAR_M = 20.0
+META_FAR_TURN_DEG = 45.0
 # Members declared dead that this node keeps counting as missing (the oldest go first past this).
 MAX_MISSING_REMEMBERED = 1024
 IMAGES_TICK_S = 0.5  # how often the pictures of owned objects are looked at
@@ -75,24 +81,18 @@ def load_swarm_keyring(path: str) -> Any:
         raise ConfigError(f"swarm.key_file: {path}: {err.strerror or err}") from None
 
 
-def meta_worth_gossiping(
-    meta: MemberMeta,
-    sent: tuple[MemberMeta, float] | None,
-    now: float,
-    *,
-    capability_interval_s: float = CAPABILITY_INTERVAL_S,
-    capability_change: float = CAPABILITY_CHANGE,
-) -> bool:
-    """Whether ``meta`` is worth gossiping (``sent``: the last gossiped and when): every update is a new
-    incarnation sent to the whole swarm.
+def meta_update_kind(meta: MemberMeta, sent: tuple[MemberMeta, float] | None, now: float) -> MetaUpdate:
+    """How ``meta`` goes out (``sent``: the last published, by either kind, and when).
 
-    Model, engine, health changes go out at once; offload capabilities as ``capabilities_due`` says (what is
-    served at once, capacity at most every ``capability_interval_s`` on a ``capability_change`` move); the
-    camera's position when it moved more than META_MOVE_M or turned more than META_TURN_DEG; fps and the rest
-    with a refresh every META_REFRESH_S.
+    Urgent (broadcast, every member within seconds): model, version, engine, fallback and health, which the
+    station and the neighbours act on, what is served for offload and whether it is ready
+    (``capabilities_due``), and a pose that appears or goes (once a start). Quiet (push-pull, minutes): the
+    pose when it moved more than META_FAR_M or turned more than META_FAR_TURN_DEG, anything else (fps, a pose
+    that moved less, capacity in its coarse steps) at most every META_QUIET_MIN_S. Capacity is compared in the
+    steps it is advertised in, so noise is no news.
     """
     if sent is None:
-        return True
+        return MetaUpdate.URGENT
     last, at = sent
     if (meta.model, meta.version, meta.engine, meta.fallback, meta.health) != (
         last.model,
@@ -101,16 +101,20 @@ def meta_worth_gossiping(
         last.fallback,
         last.health,
     ):
-        return True
-    if capabilities_due(meta, last, at, now, interval_s=capability_interval_s, change=capability_change):
-        return True
-    if now - at >= META_REFRESH_S:
-        return True
-    if meta.east is None or last.east is None:
-        return meta.east is not last.east
-    moved = math.hypot(meta.east - last.east, (meta.north or 0.0) - (last.north or 0.0))
-    turned = abs(((meta.yaw or 0.0) - (last.yaw or 0.0) + 180.0) % 360.0 - 180.0)
-    return moved > META_MOVE_M or turned > META_TURN_DEG
+        return MetaUpdate.URGENT
+    capabilities = capabilities_due(meta, last, at, now, interval_s=META_QUIET_MIN_S)
+    if capabilities is not MetaUpdate.NONE:
+        return capabilities
+    if (meta.east is None) != (last.east is None):
+        return MetaUpdate.URGENT  # once a start: whether the camera has a place to be drawn at all
+    if meta.east is not None and last.east is not None:
+        moved = math.hypot(meta.east - last.east, (meta.north or 0.0) - (last.north or 0.0))
+        turned = abs(((meta.yaw or 0.0) - (last.yaw or 0.0) + 180.0) % 360.0 - 180.0)
+        if moved > META_FAR_M or turned > META_FAR_TURN_DEG:
+            return MetaUpdate.QUIET
+    if now - at >= META_QUIET_MIN_S and quantised_capacity(meta) != quantised_capacity(last):
+        return MetaUpdate.QUIET
+    return MetaUpdate.NONE
 
 
 class FleetMember:
@@ -266,8 +270,9 @@ class FleetMember:
             if now >= next_meta:
                 next_meta = now + self.cfg.meta_interval_s
                 meta = self._meta()
-                if meta_worth_gossiping(meta, self._sent_meta, now):
-                    self.agent.set_meta(encode_meta(meta))
+                kind = meta_update_kind(meta, self._sent_meta, now)
+                if kind is not MetaUpdate.NONE:
+                    self.agent.set_meta(encode_meta(meta), broadcast=kind is MetaUpdate.URGENT)
                     self._sent_meta = (meta, now)
                 view = self.view()
                 for listener in self.view_listeners:

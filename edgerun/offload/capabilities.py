@@ -2,33 +2,40 @@
 
 The advertisement is five fields of the node's member metadata (``edgerun.fleet.member_meta.MemberMeta``):
 ``serve_hash`` (16 hex chars of the served model's hash, "" = serves nobody), ``serve_port`` (the offload TCP
-port on the member's gossip host), ``spare_fps``, ``infer_ms`` and ``queue``. Every metadata change is a new
-incarnation gossiped to the whole swarm, so capacity figures go out at most every ``CAPABILITY_INTERVAL_S``
-and only when one moved by more than ``CAPABILITY_CHANGE``; a change of what is served goes out at once.
+port on the member's gossip host), ``spare_fps``, ``infer_ms`` and ``queue``. What is served (hash, port) is an
+urgent update, broadcast at once; capacity is a quiet one (spread by push-pull, minutes old where it arrives),
+advertised in coarse steps (``quantised_capacity``) and sent at most every ``CAPABILITY_INTERVAL_S``. What a
+helper's load is right now reaches the origin with every reply; the metadata's capacity is the hint for
+picking a first helper.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable
 
-from edgerun.fleet.member_meta import MemberMeta, decode_meta
+import msgspec
+
+from edgerun.fleet.member_meta import MemberMeta, MetaUpdate, decode_meta
 from edgerun.offload.chooser import HelperCandidate
 from swarm.membership import Member, MemberState
 
 __all__ = [
-    "CAPABILITY_CHANGE",
     "CAPABILITY_INTERVAL_S",
     "capabilities_due",
-    "capabilities_moved",
     "candidates_from_members",
+    "quantised_capacity",
     "spare_fps",
 ]
 
-CAPABILITY_INTERVAL_S = 5.0
-CAPABILITY_CHANGE = 0.2
-# Below these a change is noise, not news: 0.4 -> 0.6 fps is +50 % but not a frame a second.
-_FLOORS = {"spare_fps": 1.0, "infer_ms": 1.0, "queue": 1.0}
+# A quiet update (what capacity is) at most this often: it reaches every member by push-pull in minutes anyway.
+CAPABILITY_INTERVAL_S = 30.0
+# Capacity in coarse steps (about x1.5 apart), so a figure wandering with every frame is no news. Each rounds
+# to the side that promises less: spare_fps down, infer_ms and queue up.
+SPARE_FPS_STEPS = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 50.0, 80.0, 120.0, 200.0, 300.0, 500.0)
+INFER_MS_STEPS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 30.0, 50.0, 80.0, 120.0, 200.0, 300.0, 500.0, 800.0, 1000.0)
+QUEUE_STEPS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_PORT = 65535
 
 
@@ -41,16 +48,28 @@ def spare_fps(concurrent_calls: int, infer_ms: float, own_fps: float, served_fps
     return round(max(0.0, capacity - own_fps - served_fps), 1)
 
 
-def capabilities_moved(meta: MemberMeta, last: MemberMeta, change: float = CAPABILITY_CHANGE) -> bool:
-    """Whether what ``meta`` advertises differs from ``last`` enough to tell the swarm: a new serve_hash or
-    port, or spare_fps, infer_ms or queue moved by more than ``change`` of the last value."""
-    if (meta.serve_hash, meta.serve_port) != (last.serve_hash, last.serve_port):
-        return True
-    for name, floor in _FLOORS.items():
-        old, new = float(getattr(last, name)), float(getattr(meta, name))
-        if abs(new - old) > change * max(abs(old), floor):
-            return True
-    return False
+def _step_down(value: float, steps: tuple[float, ...]) -> float:
+    if not math.isfinite(value) or value <= steps[0]:
+        return steps[0]
+    return steps[bisect.bisect_right(steps, value) - 1]
+
+
+def _step_up(value: float, steps: tuple[float, ...]) -> float:
+    if not math.isfinite(value) or value <= 0.0:
+        return value  # not measured (0) stays 0; nonsense is the reader's to refuse
+    i = bisect.bisect_left(steps, value)
+    return steps[i] if i < len(steps) else float(math.ceil(value))
+
+
+def quantised_capacity(meta: MemberMeta) -> MemberMeta:
+    """``meta`` with spare_fps, infer_ms and queue in the coarse steps a node advertises."""
+    queue = _step_up(float(meta.queue), tuple(float(q) for q in QUEUE_STEPS))
+    return msgspec.structs.replace(
+        meta,
+        spare_fps=_step_down(float(meta.spare_fps), SPARE_FPS_STEPS),
+        infer_ms=_step_up(float(meta.infer_ms), INFER_MS_STEPS),
+        queue=int(queue) if math.isfinite(queue) else meta.queue,
+    )
 
 
 def capabilities_due(
@@ -60,19 +79,25 @@ def capabilities_due(
     now: float,
     *,
     interval_s: float = CAPABILITY_INTERVAL_S,
-    change: float = CAPABILITY_CHANGE,
-) -> bool:
-    """Whether this node's metadata goes out again for its capabilities (``last`` published at ``last_at``).
+) -> MetaUpdate:
+    """How this node's capabilities go out again (``last`` published at ``last_at``, by either kind).
 
-    What is served (hash, port) at once: a neighbour that still sends to a port that closed, or for a model
-    that was swapped, loses frames. Capacity figures at most every ``interval_s``: on a busy node they move
-    with every frame, and each update costs every member a few packets.
+    What is served (hash, port): urgent, a neighbour that still sends to a port that closed, or for a model
+    that was swapped, loses frames. So is the first measured time per frame (or its loss): until then the
+    node advertises no spare capacity and no neighbour picks it, which would otherwise last a quiet update's
+    minutes after every start. Capacity: quiet, and only when a step changed and ``interval_s`` passed; on a
+    busy node the figures move with every frame.
     """
-    if last is None:
-        return True
-    if (meta.serve_hash, meta.serve_port) != (last.serve_hash, last.serve_port):
-        return True
-    return now - last_at >= interval_s and capabilities_moved(meta, last, change)
+    if last is None or (meta.serve_hash, meta.serve_port) != (last.serve_hash, last.serve_port):
+        return MetaUpdate.URGENT
+    if (meta.infer_ms > 0.0) != (last.infer_ms > 0.0):
+        return MetaUpdate.URGENT
+    if now - last_at < interval_s:
+        return MetaUpdate.NONE
+    new, old = quantised_capacity(meta), quantised_capacity(last)
+    if (new.spare_fps, new.infer_ms, new.queue) != (old.spare_fps, old.infer_ms, old.queue):
+        return MetaUpdate.QUIET
+    return MetaUpdate.NONE
 
 
 def candidates_from_members(

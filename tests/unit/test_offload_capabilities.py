@@ -1,14 +1,17 @@
-"""Offload capabilities in member metadata: the capacity estimate, when a change is gossiped, the 512-byte cap,
-and the helper candidates read from (untrusted) member metadata."""
+"""Offload capabilities in member metadata: the capacity estimate and its coarse steps, how a change goes out
+(urgent, quiet or not at all), the 512-byte cap, and the helper candidates read from (untrusted) member
+metadata."""
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 import pytest
 
-from edgerun.fleet.member_meta import MAX_META_BYTES, MemberMeta, decode_meta, encode_meta
-from edgerun.fleet.service import meta_worth_gossiping
-from edgerun.offload.capabilities import candidates_from_members, capabilities_due, capabilities_moved, spare_fps
+from edgerun.fleet.member_meta import MAX_META_BYTES, MemberMeta, MetaUpdate, decode_meta, encode_meta
+from edgerun.fleet.service import META_FAR_M, META_QUIET_MIN_S, meta_update_kind
+from edgerun.offload.capabilities import candidates_from_members, capabilities_due, quantised_capacity, spare_fps
 from swarm.membership import Member, MemberState
 
 HASH = "0123456789abcdef"
@@ -32,40 +35,69 @@ def caps(**kw: object) -> MemberMeta:
     return MemberMeta(**base)  # type: ignore[arg-type]
 
 
-def test_a_capability_moved_when_it_changed_by_more_than_a_fifth() -> None:
+def test_capacity_is_advertised_in_coarse_steps_that_promise_less() -> None:
+    q = quantised_capacity(caps(spare_fps=11.9, infer_ms=31.0, queue=3))
+    assert (q.spare_fps, q.infer_ms, q.queue) == (8.0, 50.0, 4)  # spare down, time and queue up
+    assert (q.model, q.serve_hash, q.serve_port) == ("pose_detector", HASH, 7950)  # the rest untouched
+    # noise within a step is no news: 20.0 .. 29.9 fps spare all read 20
+    assert {quantised_capacity(caps(spare_fps=f)).spare_fps for f in (20.0, 24.3, 29.9)} == {20.0}
+    assert quantised_capacity(caps(spare_fps=0.7)).spare_fps == 0.0  # under a frame a second: nothing spare
+    assert quantised_capacity(caps(spare_fps=9000.0)).spare_fps == 500.0
+    assert quantised_capacity(caps(infer_ms=0.0)).infer_ms == 0.0  # not measured yet stays so
+    assert quantised_capacity(caps(infer_ms=1234.5)).infer_ms == 1235.0  # past the last step: whole ms, up
+    assert quantised_capacity(caps(queue=0)).queue == 0
+    # nonsense is left for the reader to refuse (candidates_from_members), never raises here
+    assert quantised_capacity(caps(spare_fps=float("nan"))).spare_fps == 0.0
+    assert math.isnan(quantised_capacity(caps(infer_ms=float("nan"))).infer_ms)
+
+
+def test_what_is_served_is_urgent_and_capacity_quiet_at_most_every_30_s_on_a_step() -> None:
     last = caps()
-    assert not capabilities_moved(caps(), last)
-    assert not capabilities_moved(caps(spare_fps=12.0, infer_ms=32.0), last)  # exactly 20 %: not more
-    assert capabilities_moved(caps(spare_fps=12.5), last)
-    assert capabilities_moved(caps(spare_fps=7.9), last)
-    assert capabilities_moved(caps(infer_ms=49.0), last)
-    assert capabilities_moved(caps(queue=3), last)
-    assert capabilities_moved(caps(serve_port=7951), last)
-    assert capabilities_moved(caps(serve_hash="fedcba9876543210"), last)
-    # small figures move by noise: below one frame a second (one ms, one request) nothing is news
-    assert not capabilities_moved(caps(spare_fps=0.6), caps(spare_fps=0.4))
-    assert capabilities_moved(caps(spare_fps=1.5), caps(spare_fps=0.0))  # a helper with room again
-    assert capabilities_moved(caps(spare_fps=0.0), caps(spare_fps=5.0))  # full
+    assert capabilities_due(caps(), None, 0.0, 0.0) is MetaUpdate.URGENT  # never published
+    assert capabilities_due(caps(serve_port=0, serve_hash=""), last, 100.0, 100.1) is MetaUpdate.URGENT  # stopped
+    assert capabilities_due(caps(serve_hash="fedcba9876543210"), last, 100.0, 100.1) is MetaUpdate.URGENT  # OTA
+    # the first measured time per frame: the node is ready to help (once a start), and its loss
+    assert capabilities_due(caps(), caps(infer_ms=0.0, spare_fps=0.0), 100.0, 100.1) is MetaUpdate.URGENT
+    assert capabilities_due(caps(infer_ms=0.0, spare_fps=0.0), last, 100.0, 100.1) is MetaUpdate.URGENT
+    assert capabilities_due(caps(spare_fps=30.0), last, 100.0, 129.9) is MetaUpdate.NONE
+    assert capabilities_due(caps(spare_fps=30.0), last, 100.0, 130.0) is MetaUpdate.QUIET
+    assert capabilities_due(caps(spare_fps=11.9, infer_ms=36.0), last, 100.0, 500.0) is MetaUpdate.NONE  # same steps
+    assert capabilities_due(caps(spare_fps=0.0), last, 100.0, 130.0) is MetaUpdate.QUIET  # full: still quiet
 
 
-def test_capacity_goes_out_at_most_every_5_s_and_what_is_served_at_once() -> None:
-    last = caps()
-    assert capabilities_due(caps(), None, 0.0, 0.0)  # never published
-    assert not capabilities_due(caps(spare_fps=20.0), last, 100.0, 104.9)
-    assert capabilities_due(caps(spare_fps=20.0), last, 100.0, 105.0)
-    assert not capabilities_due(caps(spare_fps=11.0), last, 100.0, 200.0)  # 10 %: never on its own
-    assert capabilities_due(caps(serve_port=0, serve_hash=""), last, 100.0, 100.1)  # stopped serving
-    assert capabilities_due(caps(serve_hash="fedcba9876543210"), last, 100.0, 100.1)  # OTA swapped the model
+POSE = dict(east=1.0, north=2.0, yaw=0.0)
 
 
-def test_the_node_gossips_its_meta_for_capacity_within_its_other_rules() -> None:
-    """FleetMember's rule: a static camera's fps changes wait for the 30 s refresh, its capacity for 5 s."""
-    sent = (caps(fps=10.0, east=1.0, north=2.0, yaw=0.0), 0.0)
-    assert not meta_worth_gossiping(caps(fps=14.0, east=1.0, north=2.0, yaw=0.0), sent, 6.0)
-    assert not meta_worth_gossiping(caps(spare_fps=30.0, east=1.0, north=2.0, yaw=0.0), sent, 4.0)
-    assert meta_worth_gossiping(caps(spare_fps=30.0, east=1.0, north=2.0, yaw=0.0), sent, 5.0)
-    assert meta_worth_gossiping(caps(serve_port=0, east=1.0, north=2.0, yaw=0.0), sent, 0.5)
-    assert meta_worth_gossiping(caps(fps=14.0, east=1.0, north=2.0, yaw=0.0), sent, 30.0)
+def test_the_node_sends_what_others_act_on_at_once_and_the_rest_quietly() -> None:
+    """FleetMember's rule: model, engine, health, what is served and a pose that appears urgent; pose moves,
+    fps and capacity quiet."""
+    sent = (caps(fps=10.0, **POSE), 0.0)
+    assert meta_update_kind(caps(fps=10.0, **POSE), None, 0.0) is MetaUpdate.URGENT
+    assert meta_update_kind(caps(fps=10.0, **POSE), sent, 1000.0) is MetaUpdate.NONE  # nothing changed
+    for urgent in (
+        dict(model="other"),
+        dict(version=4),
+        dict(engine="onnx"),
+        dict(fallback=True),
+        dict(health="degraded"),
+        dict(serve_port=0),
+    ):
+        assert meta_update_kind(caps(fps=10.0, **{**POSE, **urgent}), sent, 0.5) is MetaUpdate.URGENT, urgent
+    # fps, capacity and a short move wait for META_QUIET_MIN_S, then go quietly
+    for quiet in (dict(fps=14.0), dict(spare_fps=30.0), dict(east=15.0), dict(yaw=40.0)):
+        meta = caps(**{"fps": 10.0, **POSE, **quiet})
+        assert meta_update_kind(meta, sent, META_QUIET_MIN_S - 0.1) is MetaUpdate.NONE, quiet
+        assert meta_update_kind(meta, sent, META_QUIET_MIN_S) is MetaUpdate.QUIET, quiet
+    # a far move or turn goes (quietly) at once; a pose that appears or goes is urgent
+    assert meta_update_kind(caps(fps=10.0, east=1.0, north=2.0 + META_FAR_M + 0.1, yaw=0.0), sent, 2.0) is (
+        MetaUpdate.QUIET
+    )
+    assert meta_update_kind(caps(fps=10.0, east=1.0, north=2.0, yaw=-46.0), sent, 2.0) is MetaUpdate.QUIET
+    assert meta_update_kind(caps(fps=10.0, east=1.0, north=2.0, yaw=350.0), sent, 2.0) is MetaUpdate.NONE  # 10 deg
+    assert meta_update_kind(caps(fps=10.0), sent, 2.0) is MetaUpdate.URGENT  # no place to draw it any more
+    assert meta_update_kind(caps(fps=10.0, **POSE), (caps(fps=10.0), 0.0), 2.0) is MetaUpdate.URGENT  # first
+    # capacity noise within its steps is no news, however long it lasts
+    assert meta_update_kind(caps(fps=10.0, spare_fps=11.0, infer_ms=36.0, **POSE), sent, 1000.0) is MetaUpdate.NONE
 
 
 def longest_meta() -> MemberMeta:

@@ -24,11 +24,14 @@ from swarm.messages import (
     IndirectPing,
     Nack,
     Ping,
+    PushMember,
+    PushPull,
     Suspect,
     UserMsg,
     decode_packet,
     encode_message,
     encode_packet,
+    encode_stream,
 )
 from swarm.suspicion import remaining_suspicion_time, suspicion_timeout
 
@@ -526,6 +529,161 @@ def test_metadata_update_reaches_every_member() -> None:
         assert m.member("m4").meta == b'{"model":"blazeface","v":2}'
         if i != 4:
             assert events(net, m, "update", "m4")
+
+
+def gossiped_alives(net: MemNet) -> list[tuple[float, tuple[str, int], Alive]]:
+    """Every Alive that goes out in a datagram from now on (a spy on the wire: delivery is unchanged)."""
+    seen: list[tuple[float, tuple[str, int], Alive]] = []
+    send = net._send_datagram
+
+    def spy(src: tuple[str, int], dst: tuple[str, int], data: bytes) -> None:
+        seen.extend((net.now, src, m) for m in decode_packet(data) if isinstance(m, Alive))
+        send(src, dst, data)
+
+    net._send_datagram = spy  # type: ignore[method-assign]
+    return seen
+
+
+# How many push-pull intervals a quiet update takes to reach all of 20 members: here 58-128 s over seeds 1-10 at
+# 0 and 10 % loss, in edgerun.bench.capabilities_gossip's runs at most 149 s (median 82-88 s); log3(20) ~ 3
+# rounds, plus luck. Five held in every run measured; the test allows six.
+QUIET_SPREAD_PUSH_PULLS = 6
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.1])
+def test_quiet_metadata_update_reaches_every_member_by_push_pull_and_is_never_gossiped(loss: float) -> None:
+    net, members = cluster(20, loss=loss, settle=40.0)  # joined, and the join broadcasts are spent
+    quiet = members[7]
+    alives = gossiped_alives(net)
+    quiet.set_meta(b"pose-2", net.now, broadcast=False)
+    incarnation = quiet.incarnation
+    start = net.now
+    net.run_until(start + 5.0)
+    # Gossip would have it everywhere by now (< 1 s, bench); push-pull has not been round yet.
+    assert sum(m.member("m7").meta == b"pose-2" for m in members) < len(members)
+    net.run_until(start + QUIET_SPREAD_PUSH_PULLS * TIMING.push_pull_interval_s)
+    for m in members:
+        got = m.member("m7")
+        assert got is not None and (got.meta, got.incarnation, got.state) == (b"pose-2", incarnation, MemberState.ALIVE)
+        if m is not quiet:
+            assert [e.incarnation for _, e in events(net, m, "update", "m7")] == [incarnation]
+    assert not [a for _, _, a in alives if a.name == "m7" and a.incarnation >= incarnation]
+    assert quiet.stats["quiet_updates"] == 1
+    assert sum(m.stats["quiet_merges"] for m in members) >= len(members) - 1
+    assert not any(events(net, m, "dead") or events(net, m, "suspect") for m in members)
+
+
+def test_a_revived_member_is_still_gossiped_with_its_quiet_metadata() -> None:
+    net, members = cluster(8)
+    others = [addr(i) for i in range(8) if i != 5]
+    net.partition([addr(5)], others)
+    net.run_until(net.now + 20.0)
+    assert all(states(m)["m5"] is MemberState.DEAD for i, m in enumerate(members) if i != 5)
+    members[5].set_meta(b"pose-far", net.now, broadcast=False)  # while cut off: nobody has it
+    alives = gossiped_alives(net)
+    net.heal()
+    heal = net.now
+    net.run_until(heal + 5.0)  # well within the first push-pull round after the heal
+    for m in members:
+        got = m.member("m5")
+        assert got is not None and (got.state, got.meta) == (MemberState.ALIVE, b"pose-far")
+    # the refutation that revives m5 carries its quiet metadata, and the others pass it on
+    assert {src for _, src, a in alives if a.name == "m5"} - {addr(5)}
+
+
+def test_a_broadcast_update_still_reaches_every_member_by_gossip_in_seconds() -> None:
+    net, members = cluster(20, settle=40.0)
+    members[7].set_meta(b"model-2", net.now)
+    net.run_until(net.now + 5.0)
+    assert all(m.member("m7").meta == b"model-2" for m in members)
+
+
+QUIET_TIMING = replace(TIMING, probe_interval_s=100.0, probe_timeout_s=50.0, push_pull_interval_s=0.0)
+
+
+def push_member(name: str, i: int, incarnation: int, meta: bytes, state: MemberState = MemberState.ALIVE):
+    return PushMember(name=name, addr=addr(i), incarnation=incarnation, state=state.value, meta=meta)
+
+
+def push_pull_from_c(a: Membership, now: float, *members: PushMember) -> None:
+    state = PushPull(join=False, source="c", members=[push_member("c", 2, 1, b""), *members], broadcasts=[])
+    assert a.handle_stream(encode_stream(state), addr(2), now) is not None
+
+
+def gossip_of(a: Membership, start: float) -> list[Alive]:
+    """Every Alive member a gossips from ``start`` until its queue is spent (no probes at QUIET_TIMING)."""
+    out: list[Alive] = []
+    t = start
+    for _ in range(100):
+        t += QUIET_TIMING.gossip_interval_s
+        a.handle_timer(t)
+        out += [m for _, parts in sent_messages(a) for m in parts if isinstance(m, Alive)]
+        if not a.queued_broadcasts:
+            return out
+    raise AssertionError("a's gossip queue never emptied")
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["metadata only", "revived", "refuted a suspicion", "same metadata", "back at another address", "via gossip"],
+)
+def test_a_newer_incarnation_from_push_pull_is_regossiped_unless_only_the_metadata_changed(case: str) -> None:
+    a = Membership("a", addr(0), QUIET_TIMING, now=0.0, rng=random.Random(1))
+    push_pull_from_c(a, 0.0, push_member("b", 1, 3, b"old"))  # a learns b and c: new members, gossiped
+    gossip_of(a, 0.0)
+    now = 5.0
+    new_addr = addr(1)
+    if case == "revived":
+        deliver(a, Dead(name="b", incarnation=3, source="c"), now=now)
+    elif case == "refuted a suspicion":
+        deliver(a, Suspect(name="b", incarnation=3, source="c"), now=now)
+    elif case == "back at another address":
+        deliver(a, Dead(name="b", incarnation=3, source="b"), now=now)  # left
+        new_addr = addr(9)
+    gossip_of(a, now)
+    now = 10.0
+    meta = b"old" if case in ("refuted a suspicion", "same metadata") else b"new"
+    if case == "via gossip":
+        deliver(a, Alive(name="b", addr=new_addr, incarnation=4, meta=meta), now=now)
+    else:
+        state = PushMember(name="b", addr=new_addr, incarnation=4, state=MemberState.ALIVE.value, meta=meta)
+        push_pull_from_c(a, now, state)
+    b = a.member("b")
+    assert b is not None and (b.state, b.incarnation, b.meta, b.addr) == (MemberState.ALIVE, 4, meta, new_addr)
+    regossiped = [x for x in gossip_of(a, now) if x.name == "b" and x.incarnation == 4]
+    assert bool(regossiped) is (case != "metadata only")
+    assert a.stats["quiet_merges"] == (1 if case == "metadata only" else 0)
+
+
+def test_an_accusation_of_an_incarnation_others_may_still_hold_is_refuted_on_the_gossip() -> None:
+    """After quiet updates, others may know only the last gossiped incarnation: accused of it (or of a quiet one
+    they learned), a member outranks it on the gossip; accused of one older than the last gossiped, it does as
+    memberlist does (a stale accusation: ignored, only its teller is answered)."""
+    a = Membership("a", addr(0), QUIET_TIMING, now=0.0, rng=random.Random(1))
+    push_pull_from_c(a, 0.0)
+    a.set_meta(b"model-1", 0.0)  # gossiped: incarnation 2
+    a.set_meta(b"pose-0", 0.0, broadcast=False)  # 3
+    gossip_of(a, 0.0)
+    deliver(a, Suspect(name="a", incarnation=1, source="c"), now=5.0)  # older than the last gossiped
+    assert a.stats["refutations"] == 0 and not a.queued_broadcasts
+    answer = [(dst, m.incarnation) for dst, parts in sent_messages(a) for m in parts if isinstance(m, Alive)]
+    assert answer == [(("10.9.9.9", 1), 3)]  # only the teller hears our current incarnation
+    gossiped = 2
+    for n, accuse in enumerate((Suspect, Dead)):
+        a.set_meta(b"pose-%d" % (3 + 2 * n), 5.0, broadcast=False)
+        a.set_meta(b"pose-%d" % (4 + 2 * n), 5.0, broadcast=False)
+        current = a.incarnation
+        assert current >= gossiped + 2
+        accused = gossiped if accuse is Suspect else current - 1  # the last gossiped, or a quiet one above it
+        deliver(a, accuse(name="a", incarnation=accused, source="c"), now=5.0)
+        assert a.incarnation == current + 1
+        assert {x.incarnation for x in gossip_of(a, 5.0) if x.name == "a"} == {a.incarnation}
+        gossiped = a.incarnation
+        deliver(a, accuse(name="a", incarnation=accused, source="c"), now=6.0)  # now older than the gossiped
+        assert a.incarnation == gossiped
+        gossip_of(a, 6.0)
+    assert a.stats["refutations"] == 2
+    assert a.member("a").meta == b"pose-6"
 
 
 def test_app_broadcast_reaches_every_member_once_and_newer_replaces_older() -> None:
