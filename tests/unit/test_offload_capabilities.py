@@ -108,7 +108,7 @@ def longest_meta() -> MemberMeta:
         engine="e" * 32,
         fallback=True,
         health="h" * 32,
-        fps=1234.56,
+        fps=1234.5,  # the node rounds fps to tenths: the wire's unit
         east=-123456.78,
         north=123456.78,
         up=12345.67,
@@ -134,17 +134,21 @@ def test_the_longest_metadata_with_capabilities_fits_the_512_byte_cap_whole() ->
     assert (cut.serve_port, cut.spare_fps, cut.infer_ms, cut.queue) == (65535, 12345.6, 12345.6, 2**31)
 
 
-def test_metadata_without_capabilities_is_as_before_and_old_nodes_read_new_metadata() -> None:
-    plain = MemberMeta(model="blazeface", engine="tflite", fps=10.0)
-    assert b"sh" not in encode_meta(plain)  # defaults are omitted: a node that serves nobody pays nothing
+def test_metadata_without_capabilities_costs_nothing_and_an_older_node_shows_the_member_without_it() -> None:
+    plain = encode_meta(MemberMeta(model="blazeface", engine="tflite", fps=10.0))
+    served = encode_meta(caps(fps=10.0))
+    assert len(plain) < len(served)  # a node that serves nobody sends zeros, not capabilities
+    assert plain.endswith(b"\xa0\x00\x00\x00\x00")  # serve_hash "", port, spare, infer, queue: 1 byte each
 
-    class OldMemberMeta(msgspec.Struct, omit_defaults=True):  # the fields before #25
+    class OldMemberMeta(msgspec.Struct, omit_defaults=True):  # what a version 1 node decodes metadata as
         v: int = 1
         model: str = ""
         fps: float = 0.0
 
-    old = msgspec.msgpack.decode(encode_meta(caps(fps=3.0)), type=OldMemberMeta)
-    assert (old.model, old.fps) == ("pose_detector", 3.0)
+    # A version 1 node cannot read a version 2 array: its decode_meta catches the error and shows the member
+    # without metadata (never dropped); the member's state and address are gossip's, not the metadata's.
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(served, type=OldMemberMeta)
 
 
 def member(name: str, meta: bytes, state: MemberState = MemberState.ALIVE, host: str = "10.0.0.9") -> Member:
@@ -188,3 +192,13 @@ def test_candidates_are_live_members_serving_my_model_and_bad_metadata_is_skippe
 @pytest.mark.parametrize("garbage", [b"\x00", b"\x91\x01", b"\xdf\xff\xff\xff\xff", bytes(range(256)) * 2])
 def test_undecodable_metadata_never_raises(garbage: bytes) -> None:
     assert candidates_from_members([member("x", garbage)], "me", HASH, lambda _: 1.0) == []
+
+
+def test_metadata_travels_in_the_units_the_node_rounds_to_and_older_maps_still_decode() -> None:
+    meta = MemberMeta(model="pose_detector", version=3, engine="tflite", health="running", fps=14.66, east=27.761)
+    data = encode_meta(meta)
+    back = decode_meta(data)
+    assert back is not None and (back.fps, back.east) == (14.7, 27.76)  # tenths of a frame, centimetres
+    older = msgspec.msgpack.encode(msgspec.structs.replace(meta, v=1))  # a version 1 node's map with named keys
+    assert len(data) < 0.6 * len(older)
+    assert decode_meta(older) == msgspec.structs.replace(meta, v=1)
