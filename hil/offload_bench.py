@@ -414,7 +414,10 @@ class OffloadBench:
             "dropped": dropped,
             "published": sum(f["published"] for f in per_node.values()),
             "offloaded": sum(f["offloaded"] for f in per_node.values()),
-            "idle_served": (idle_summary.get("offload_served") or {}).get("served"),
+            # The server's counters leave out what is still 0.
+            "idle_served": int(idle_summary["offload_served"].get("served", 0))
+            if "offload_served" in idle_summary
+            else None,
             "nodes": per_node,
         }
 
