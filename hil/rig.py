@@ -35,7 +35,7 @@ from edgerun.testing.control import DEFAULT_SOCKET, SLOW_CPU_DELAY_ENV, register
 from edgerun.testing.ports import free_port, free_tcp_udp_port
 from hil import netlab
 from hil.fleet_release import FleetRelease
-from hil.scenario import NodeSpec, Scenario
+from hil.scenario import NodeSpec, OffloadSpec, Scenario
 
 GOSSIP_PORT = 7946
 HTTP_PORT = 8089
@@ -86,6 +86,11 @@ class SimNode:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def offload_section(spec: OffloadSpec) -> dict[str, Any]:
+    """A scenario node's offload as its node config's [offload]; what the scenario leaves out, the node's default."""
+    return {key: value for key, value in msgspec.structs.asdict(spec).items() if value is not None}
 
 
 class Rig:
@@ -234,8 +239,8 @@ class Rig:
         for key in ("hold_s", "window_s"):  # left out: the node's own default
             if getattr(scenario.swarm, key) is not None:
                 cfg["swarm"][key] = getattr(scenario.swarm, key)
-        if spec.offload.used:  # left out: the node's own defaults
-            cfg["offload"] = {k: v for k, v in msgspec.structs.asdict(spec.offload).items() if v is not None}
+        if spec.offload.used:
+            cfg["offload"] = offload_section(spec.offload)
         register_test_engines()  # the nodes run in test mode: hilaccel is an engine key there
         parse_config(cfg)  # a bad node config fails here, before any process starts
         (node_dir / "node.toml").write_text(tomli_w.dumps(cfg))
