@@ -354,9 +354,9 @@ class OffloadBench:
         return out
 
     def _kill_mid_run(self, helper: BenchNode, weak: BenchNode) -> int:
-        """SIGKILLs the helper once the weak node publishes frames it served (or half-way, if it never does);
-        the last ``seq`` the weak node had published by then."""
-        deadline = time.monotonic() + self.seconds / 2
+        """SIGKILLs the helper once the weak node published frames it served (or after 3/4 of the run, if it
+        never does); the last ``seq`` the weak node had published by then."""
+        deadline = time.monotonic() + self.seconds * 0.75
         while time.monotonic() < deadline:
             if sum(_remote(b) for b in batches(weak.detections_path)) >= 2 * self.window:
                 break
