@@ -7,7 +7,8 @@ weak node's starved loop reads replies late, and two late frames back the helper
 nothing here. Checked: every case is in the JSON and published frames, every frame a weak node captured is
 published or dropped-and-counted, the offload cases sent frames that a helper served (and the local case none),
 the link carried at least the encoded frames, the killed helper left the weak node publishing from its own
-engine, and nothing is left behind (namespaces, the CPU quota's cgroup). No figure is compared with a speed: those are the bench's to report.
+engine, and nothing is left behind (namespaces, the CPU quota's cgroup). No figure is compared with a speed:
+those are the bench's to report.
 """
 
 from __future__ import annotations
