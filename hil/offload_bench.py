@@ -354,11 +354,12 @@ class OffloadBench:
         return out
 
     def _kill_mid_run(self, helper: BenchNode, weak: BenchNode) -> int:
-        """SIGKILLs the helper once the weak node published frames it served (or after 3/4 of the run, if it
-        never does); the last ``seq`` the weak node had published by then."""
-        deadline = time.monotonic() + self.seconds * 0.75
-        while time.monotonic() < deadline:
-            if sum(_remote(b) for b in batches(weak.detections_path)) >= 2 * self.window:
+        """SIGKILLs the helper half-way through the weak node's run once it has published frames the helper
+        served (waiting up to 3/4 of the run for them); the last ``seq`` the weak node had published by then."""
+        started = time.monotonic()
+        while time.monotonic() - started < self.seconds * 0.75:
+            served = sum(_remote(b) for b in batches(weak.detections_path))
+            if time.monotonic() - started >= self.seconds / 2 and served >= 2 * self.window:
                 break
             time.sleep(0.1)
         killed_seq = max((b["seq"] for b in batches(weak.detections_path)), default=-1)
