@@ -92,7 +92,7 @@ bench-swarm: $(MODELS)
 bench-offload: $(MODELS)
 	-@bash .ci/install-system-deps
 	mkdir -p bench-results
-	$(BIN)/python -m hil offload-bench --seconds 20 --json bench-results/offload.json
+	$(BIN)/python -m hil offload-bench --seconds 20 -o bench-results/offload.json
 
 # Lint, format and types; .ci/run runs it first (fast, fails early). Same checks as .pre-commit-config.yaml.
 LINT_PATHS := edgerun swarm hil tests

@@ -48,7 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     offload.add_argument("--no-kill", action="store_true", help="skip the helper-SIGKILLed case")
     offload.add_argument("--no-steal", action="store_true", help="skip the two-busy-one-idle case")
-    offload.add_argument("--json", type=Path, help="write the result here")
+    offload.add_argument("-o", "--out", type=Path, default=None, metavar="FILE", help="write the JSON to FILE")
+    offload.add_argument("--json", action="store_true", help="print the result as JSON on stdout instead of the table")
     offload.add_argument("--keep", type=Path, help="a new directory for the nodes' configs, logs and detections")
     run = commands.add_parser("run", help="fly a scenario with its faults, score it, write report.json/report.html")
     run.add_argument("scenario", help="a scenario file, or the name of one in hil/scenarios/ (smoke, sar-5)")
@@ -126,9 +127,12 @@ def _offload_bench(args: argparse.Namespace) -> int:
     except (OffloadBenchError, NetLabError) as err:
         print(f"hil offload-bench: {err}", file=sys.stderr)
         return 1
-    print(format_table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    text = json.dumps(result, indent=2)
+    print(text if args.json else format_table(result))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
