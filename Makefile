@@ -17,7 +17,7 @@ SAMPLES := .cache/samples/yolov8n_doclaynet/yolov8n-doclaynet.onnx \
 	.cache/samples/mobilenet_v2_edgetpu/mobilenet_v2_1.0_224_quant_edgetpu.tflite
 SECONDS ?= 8
 
-.PHONY: all demo test test-gpu bench bench-swarm lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz verify-unit
+.PHONY: all demo test test-gpu bench bench-swarm bench-offload lint docs venv models system-deps clean firmware-test mcu-bench mcu-fuzz hil fuzz verify-unit
 
 all: test
 
@@ -93,6 +93,14 @@ bench-swarm: $(MODELS)
 	nice -n 10 $(BIN)/python -m edgerun.bench.capabilities_gossip --json bench-results/swarm_capabilities.json > /dev/null
 	EDGERUN_BENCH_JSON=bench-results/swarm_mavlink.json $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/integration/test_swarm_mavlink.py
+
+# Offloading (#25), JSON in bench-results/offload.json: a weak node (one core under a CPU quota) running the pose
+# detector beside a strong neighbour that serves it, in network namespaces (root), at 0 % and 10 % loss: local-only
+# vs offload (auto, always; jpeg vs zstd), the helper SIGKILLed mid-run, two busy nodes and one idle (docs/offload.md).
+bench-offload: $(MODELS)
+	-@bash .ci/install-system-deps
+	mkdir -p bench-results
+	$(BIN)/python -m hil offload-bench --seconds 20 -o bench-results/offload.json
 
 # Lint, format and types; .ci/run runs it first (fast, fails early). Same checks as .pre-commit-config.yaml.
 LINT_PATHS := edgerun swarm hil tests

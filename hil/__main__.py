@@ -1,4 +1,5 @@
-"""``python -m hil``: HIL scenarios (``run``) and benchmarks (``swarm-bench``) in network namespaces."""
+"""``python -m hil``: HIL scenarios (``run``) and benchmarks (``swarm-bench``, ``offload-bench``) in network
+namespaces."""
 
 from __future__ import annotations
 
@@ -30,6 +31,27 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--join-timeout", type=float, default=60.0)
     bench.add_argument("--detect-timeout", type=float, default=60.0)
+    offload = commands.add_parser(
+        "offload-bench", help="a weak node borrows a strong neighbour's engine: local vs offload, loss, kill, steal"
+    )
+    offload.add_argument("--model", help="bundle path; default: the pose detector under .cache/models")
+    offload.add_argument("--fps", type=float, default=10.0, help="every node's replay rate")
+    offload.add_argument("--seconds", type=float, default=20.0, help="the weak node's run per case")
+    offload.add_argument("--weak-share", type=float, default=0.15, help="CPU quota of the weak node (of one core)")
+    offload.add_argument("--loss", type=float, nargs="+", default=[0.0, 0.1], help="loss shares, one pass each")
+    offload.add_argument("--deadline-ms", type=float, default=500.0)
+    offload.add_argument("--window", type=int, default=4)
+    offload.add_argument(
+        "--cases",
+        nargs="+",
+        default=["auto-jpeg", "always-jpeg", "always-zstd"],
+        help="the offload cases (MODE-CODEC) beside local-only at each loss level",
+    )
+    offload.add_argument("--no-kill", action="store_true", help="skip the helper-SIGKILLed case")
+    offload.add_argument("--no-steal", action="store_true", help="skip the two-busy-one-idle case")
+    offload.add_argument("-o", "--out", type=Path, default=None, metavar="FILE", help="write the JSON to FILE")
+    offload.add_argument("--json", action="store_true", help="print the result as JSON on stdout instead of the table")
+    offload.add_argument("--keep", type=Path, help="a new directory for the nodes' configs, logs and detections")
     run = commands.add_parser("run", help="fly a scenario with its faults, score it, write report.json/report.html")
     run.add_argument("scenario", help="a scenario file, or the name of one in hil/scenarios/ (smoke, sar-5)")
     run.add_argument("-o", "--out", type=Path, required=True, help="run directory (report, observations, node logs)")
@@ -78,6 +100,43 @@ def _run_scenario(args: argparse.Namespace) -> int:
         return 1
 
 
+def _offload_bench(args: argparse.Namespace) -> int:
+    from hil.netlab import NetLabError
+    from hil.offload_bench import OffloadBenchError, format_table, run_offload_bench
+
+    cases = [tuple(case.split("-", 1)) for case in args.cases]
+    if any(len(case) != 2 for case in cases):
+        print(
+            f"hil offload-bench: --cases: expected MODE-CODEC (auto-jpeg, always-zstd), got {args.cases}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = run_offload_bench(
+            model=args.model,
+            fps=args.fps,
+            seconds=args.seconds,
+            weak_share=args.weak_share,
+            losses=tuple(args.loss),
+            deadline_ms=args.deadline_ms,
+            window=args.window,
+            kill=not args.no_kill,
+            steal=not args.no_steal,
+            keep=args.keep,
+            offload_cases=tuple((case[0], case[1]) for case in cases),
+        )
+    except (OffloadBenchError, NetLabError) as err:
+        print(f"hil offload-bench: {err}", file=sys.stderr)
+        return 1
+    text = json.dumps(result, indent=2)
+    print(text if args.json else format_table(result))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["swarm-bench"]:
@@ -88,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "run":
         return _run_scenario(args)
+    if args.command == "offload-bench":
+        return _offload_bench(args)
     from hil.swarm_bench import format_table, run_swarm_bench
 
     try:

@@ -3,7 +3,8 @@
 ``prepare_fleet_release(run_dir)`` writes:
 
 * ``models/v1``: the demo BlazeFace bundle, with the ``hilaccel`` variant (the test-control accelerator,
-  the same .tflite file) beside ``tflite``, so a node can fail over from an "accelerator" to the CPU;
+  the same .tflite file) beside ``tflite``, so a node can fail over from an "accelerator" to the CPU, and
+  ``hilcpu`` (a weaker board's CPU, the same file again);
 * ``models/v2``: the same model with its output heads retrained a little (a real, runnable model);
 * ``ota/root.pub`` (the key every node trusts) and ``ota/releases``: keys.json signed by the root, and the
   v2 release (payload, delta against v1, manifest signed by the release key).
@@ -26,7 +27,7 @@ from edgerun.ota.minisign import SecretKey
 from edgerun.ota.release import ReleaseSpec, build_release
 from edgerun.ota.trust import keys_trusted_comment, make_key_list
 from edgerun.ota.variants import derive_bundle, is_head, perturb_weights
-from edgerun.testing.control import ACCELERATOR_KEY
+from edgerun.testing.control import ACCELERATOR_KEY, SLOW_CPU_KEY
 from edgerun.tomlfile import tomllib
 
 
@@ -43,9 +44,11 @@ class FleetRelease:
 
 
 def with_accelerator_variant(bundle: ModelBundle) -> ModelBundle:
-    """The bundle's tflite file also serves as its ``hilaccel`` variant (rewrites model.toml in place)."""
+    """The bundle's tflite file also serves as its ``hilaccel`` and ``hilcpu`` variants (the test-control stand-ins
+    for an accelerator and a weaker board's CPU; rewrites model.toml in place)."""
     manifest = tomllib.loads((bundle.root / "model.toml").read_text())
     manifest["variants"][ACCELERATOR_KEY] = manifest["variants"]["tflite"]
+    manifest["variants"][SLOW_CPU_KEY] = manifest["variants"]["tflite"]
     write_manifest(bundle.root, manifest)
     return load_bundle(bundle.root)
 

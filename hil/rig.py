@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import tomli_w
 
 from edgerun.config import parse_config
@@ -30,11 +31,11 @@ from edgerun.demo_swarm import SIDE_STEP_M, SPACING_M, TRUTH_LABEL, Drone, write
 from edgerun.errors import EdgerunError
 from edgerun.hostport import parse_hostport
 from edgerun.sinks.mosquitto import Mosquitto
-from edgerun.testing.control import DEFAULT_SOCKET, register_test_engines
+from edgerun.testing.control import DEFAULT_SOCKET, SLOW_CPU_DELAY_ENV, register_test_engines
 from edgerun.testing.ports import free_port, free_tcp_udp_port
 from hil import netlab
 from hil.fleet_release import FleetRelease
-from hil.scenario import NodeSpec, Scenario
+from hil.scenario import NodeSpec, OffloadSpec, Scenario
 
 GOSSIP_PORT = 7946
 HTTP_PORT = 8089
@@ -85,6 +86,11 @@ class SimNode:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def offload_section(spec: OffloadSpec) -> dict[str, Any]:
+    """A scenario node's offload as its node config's [offload]; what the scenario leaves out, the node's default."""
+    return {key: value for key, value in msgspec.structs.asdict(spec).items() if value is not None}
 
 
 class Rig:
@@ -233,6 +239,8 @@ class Rig:
         for key in ("hold_s", "window_s"):  # left out: the node's own default
             if getattr(scenario.swarm, key) is not None:
                 cfg["swarm"][key] = getattr(scenario.swarm, key)
+        if spec.offload.used:
+            cfg["offload"] = offload_section(spec.offload)
         register_test_engines()  # the nodes run in test mode: hilaccel is an engine key there
         parse_config(cfg)  # a bad node config fails here, before any process starts
         (node_dir / "node.toml").write_text(tomli_w.dumps(cfg))
@@ -327,6 +335,8 @@ class Rig:
         else:
             argv.append("--test-control")
         env = {**os.environ, "PYTHONPATH": str(_repo_root())}
+        if node.spec.cpu_delay_ms:
+            env[SLOW_CPU_DELAY_ENV] = f"{node.spec.cpu_delay_ms:g}"  # its hilcpu engine: a weaker board's CPU
         with (node.dir / "node.log").open("ab") as log:
             node.proc = self._spawn(node.lab_node, argv, stdout=subprocess.DEVNULL, stderr=log, cwd=node.dir, env=env)
         node.starts.append(time.time())

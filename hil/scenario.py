@@ -83,6 +83,20 @@ class BrokerSpec(Section):
     address: str = ""  # host:port of an existing broker (real rigs); empty: a private mosquitto the run starts
 
 
+class OffloadSpec(Section):
+    """The node's [offload] section (edgerun.config.OffloadConfig, docs/offload.md); left out: the node's defaults."""
+
+    mode: Literal["never", "auto", "always"] = "never"
+    serve: bool = False
+    codec: Literal["jpeg", "zstd"] | None = None
+    window: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    deadline_ms: PositiveFloat | None = None
+
+    @property
+    def used(self) -> bool:
+        return self.mode != "never" or self.serve
+
+
 class NodeSpec(Section):
     id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,40}$")]
     # Simulated: a real `edgerun run` process flying the scene.
@@ -92,6 +106,9 @@ class NodeSpec(Section):
     east_offset_m: float | None = None
     hang_deadline_ms: Annotated[int, msgspec.Meta(ge=0)] = 500
     loss_percent: Percent | None = None  # this node's own loss; None: network.loss_percent
+    offload: OffloadSpec = msgspec.field(default_factory=OffloadSpec)  # borrowing or lending an engine (#25)
+    # Its "hilcpu" engine's time per call at least (a weaker board's CPU: a test double, edgerun.testing.control).
+    cpu_delay_ms: Annotated[float, msgspec.Meta(ge=0.0, le=60_000.0)] = 0.0
     # Real board: observed over MQTT (its node id) and HTTP (this base URL, /metrics and /healthz) only.
     address: str = ""
 
@@ -122,6 +139,8 @@ class CriteriaSpec(Section):
     max_latency_p50_ms: PositiveFloat | None = None  # capture (node's wall clock) to the observer's receive
     max_latency_p99_ms: PositiveFloat | None = None
     max_failover_s: PositiveFloat | None = None  # accelerator fault injected -> first batch from the fallback
+    # Per accelerator fault: batches a neighbour inferred for the faulted node while the fault lasted (#25).
+    min_offloaded_after_failover: Annotated[int, msgspec.Meta(ge=0)] | None = None
     max_ota_convergence_s: PositiveFloat | None = None  # release published -> every node serving it
     max_outage_s: PositiveFloat | None = None  # longest silence of a node beyond what the faults explain
     max_unexpected_exits: Annotated[int, msgspec.Meta(ge=0)] | None = 0

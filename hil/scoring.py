@@ -371,28 +371,43 @@ def _loss(
 
 
 def _failovers(faults: list[dict[str, Any]], batches: dict[str, list[tuple[float, dict[str, Any]]]]) -> list[dict]:
+    """Per accelerator fault: the time to the first batch not from the accelerator, and what served the node's
+    batches while the fault lasted: its own fallback engine or a neighbour (``remote:<helper>``, #25)."""
     out = []
     for f in faults:
         if not f["kind"].startswith("accelerator") or f.get("t_start") is None:
             continue
         node, t = f["node"], f["t_start"]
+        t_end = f.get("t_end") or float("inf")
+        ordered = sorted(batches.get(node, []), key=lambda b: b[0])
         first = next(
-            (
-                bt
-                for bt, p in sorted(batches.get(node, []), key=lambda b: b[0])
-                if bt >= t and (p.get("model") or {}).get("engine") != "hilaccel"
-            ),
+            (bt for bt, p in ordered if bt >= t and (p.get("model") or {}).get("engine") != "hilaccel"),
             None,
         )
+        during = [str((p.get("model") or {}).get("engine", "")) for bt, p in ordered if t <= bt <= t_end]
+        offloaded = [bt for bt, p in ordered if bt >= t and _remote(p)]
         out.append(
             {
                 "node": node,
                 "fault": f["index"],
                 "kind": f["kind"],
                 "failover_s": round(first - t, 3) if first is not None else None,
+                # batches while the fault lasted, by what inferred them
+                "during_fault": {
+                    "batches": len(during),
+                    "offloaded": sum(1 for e in during if e.startswith("remote:")),
+                    "local": sum(1 for e in during if not e.startswith("remote:")),
+                    "helpers": sorted({e.split(":", 1)[1] for e in during if e.startswith("remote:")}),
+                },
+                "first_offloaded_s": round(offloaded[0] - t, 3) if offloaded else None,
+                "offloaded_before_fault": sum(1 for bt, p in ordered if bt < t and _remote(p)),
             }
         )
     return out
+
+
+def _remote(payload: dict[str, Any]) -> bool:
+    return str((payload.get("model") or {}).get("engine", "")).startswith("remote:")
 
 
 def _ota(
@@ -515,6 +530,14 @@ def check_criteria(result: dict[str, Any], scenario: Scenario) -> list[dict[str,
     if c.max_failover_s is not None:
         for fo in result["failovers"]:
             add(f"failover_s {fo['node']} (fault {fo['fault']})", fo["failover_s"], c.max_failover_s, False, " s")
+    if c.min_offloaded_after_failover is not None:
+        for fo in result["failovers"]:
+            add(
+                f"batches a neighbour inferred for {fo['node']} during fault {fo['fault']}",
+                float(fo["during_fault"]["offloaded"]),
+                c.min_offloaded_after_failover,
+                True,
+            )
     if c.max_ota_convergence_s is not None and result["ota"] is not None:
         add("ota_convergence_s", result["ota"]["convergence_s"], c.max_ota_convergence_s, False, " s")
         if result["ota"] is not None:

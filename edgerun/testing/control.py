@@ -12,8 +12,9 @@ directory); a client sends one JSON line and reads one JSON line back::
     {"cmd": "state"}                                 what is armed, and the accelerator's call/fault counts
 
 ``--test-control`` also registers the engine key ``hilaccel``: the CPU TFLite engine standing in for an
-accelerator (``FaultInjectingEngine``) whose faults this socket arms. Bad requests get ``{"ok": false,
-"error": ...}``; nothing a client sends raises into the node's loop.
+accelerator (``FaultInjectingEngine``) whose faults this socket arms; and ``hilcpu``: the CPU TFLite engine
+standing in for a weaker board's CPU (every call takes at least ``EDGERUN_TEST_CPU_DELAY_MS``). Bad requests
+get ``{"ok": false, "error": ...}``; nothing a client sends raises into the node's loop.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from edgerun.types import FrameMeta
 log = logging.getLogger(__name__)
 
 ACCELERATOR_KEY = "hilaccel"
+SLOW_CPU_KEY = "hilcpu"
+SLOW_CPU_DELAY_ENV = "EDGERUN_TEST_CPU_DELAY_MS"  # the process's hilcpu: milliseconds every call takes at least
 DEFAULT_SOCKET = "edgerun-control.sock"
 MAX_REQUEST = 4096  # one JSON line; anything longer is not a control request
 
@@ -65,9 +68,36 @@ class ControlledAccelerator(FaultInjectingEngine):
         )
 
 
+class SlowCpu(FaultInjectingEngine):
+    """TEST ENGINE: the real CPU TFLite engine posing as a weaker board's CPU (a drone's small ARM board cannot
+    exist on this machine): every call takes at least ``EDGERUN_TEST_CPU_DELAY_MS`` ms (unset or 0: this CPU's
+    own speed). The HIL rig puts it behind ``hilaccel``, so a failed accelerator leaves the drone on a CPU that
+    cannot keep up with its camera, as a Raspberry Pi-class drone's would."""
+
+    KEY = SLOW_CPU_KEY
+
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
+        raw = os.environ.get(SLOW_CPU_DELAY_ENV, "") or "0"
+        try:
+            delay_ms = float(raw)
+        except ValueError:
+            raise ValueError(f"{SLOW_CPU_DELAY_ENV}: expected milliseconds, got {raw!r}") from None
+        if not 0 <= delay_ms <= 60_000:
+            raise ValueError(f"{SLOW_CPU_DELAY_ENV}: expected 0..60000 ms, got {raw!r}")
+        super().__init__(
+            TFLiteEngine(model_path, EngineOptions(num_threads=1)),
+            FaultPlan(delay_s=delay_ms / 1000.0),
+            SLOW_CPU_KEY,
+            cpu_threads=1,
+            concurrent_calls=1,
+        )
+
+
 def register_test_engines() -> None:
-    """Makes ``hilaccel`` a valid engine key in this process (called by ``edgerun run --test-control``)."""
+    """Makes ``hilaccel`` and ``hilcpu`` valid engine keys in this process (called by ``edgerun run
+    --test-control``)."""
     ENGINE_MODULES.setdefault(ACCELERATOR_KEY, "edgerun.testing.control:ControlledAccelerator")
+    ENGINE_MODULES.setdefault(SLOW_CPU_KEY, "edgerun.testing.control:SlowCpu")
 
 
 class ControlledCamera(Source):

@@ -149,3 +149,31 @@ def test_without_test_control_the_accelerator_key_does_not_exist(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"edgerun: error: {cfg}: engine.order[0]: expected one of ")
     assert lines[0].endswith("got 'hilaccel'")
+
+
+def test_slow_cpu_stands_in_for_a_weaker_board_and_refuses_a_bad_delay(monkeypatch):
+    """hilcpu: the real TFLite engine whose every call waits the configured delay first (a test double for a
+    weaker board's CPU); its detections are the CPU engine's own."""
+    from edgerun.engines.base import EngineOptions
+    from edgerun.engines.tflite import TFLiteEngine
+    from edgerun.testing.control import SLOW_CPU_DELAY_ENV, SlowCpu
+
+    model = REPO / ".cache" / "models" / "blazeface_short" / "model.tflite"
+    if not model.exists():
+        pytest.skip("the demo bundle is not under .cache/models (make models)")
+    monkeypatch.setenv(SLOW_CPU_DELAY_ENV, "40")
+    slow = SlowCpu(model, EngineOptions())
+    reference = TFLiteEngine(model, EngineOptions(num_threads=1))
+    try:
+        assert slow.KEY == "hilcpu" and slow.plan.delay_s == pytest.approx(0.04)
+        assert (slow.cpu_threads, slow.concurrent_calls) == (1, 1)
+        tensor = np.random.default_rng(7).random(reference.input_spec.shape, dtype=np.float32)
+        for ours, theirs in zip(slow.infer(tensor), reference.infer(tensor)):
+            assert np.array_equal(ours, theirs)
+        assert slow.plan.calls == 1
+    finally:
+        slow.close()
+        reference.close()
+    monkeypatch.setenv(SLOW_CPU_DELAY_ENV, "fast")
+    with pytest.raises(ValueError, match="EDGERUN_TEST_CPU_DELAY_MS: expected milliseconds, got 'fast'"):
+        SlowCpu(model, EngineOptions())

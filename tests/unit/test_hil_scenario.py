@@ -40,6 +40,30 @@ def test_shipped_scenarios_load():
     assert {"accelerator_hang", "partition", "broker_restart", "ota_release", "ota_power_cut", "kill"} <= kinds
     assert sar.criteria.min_object_recall == 0.95 and sar.criteria.max_duplicate_ratio == 0.05
     assert sar.criteria.max_dedup_losses == 0  # at least once: a face detected is a face reported
+    borrow = load_scenario("offload-borrow")
+    weak, *helpers = borrow.nodes
+    assert weak.engines == ["hilaccel", "hilcpu"] and weak.cpu_delay_ms > 0 and weak.offload.mode == "auto"
+    assert all(h.offload.serve and h.offload.mode == "never" for h in helpers)
+    assert [f.kind for f in borrow.faults] == ["accelerator_exception"] and borrow.faults[0].node == weak.id
+    assert borrow.criteria.min_offloaded_after_failover
+
+
+def test_a_node_offload_section_reaches_its_config():
+    """What a scenario says under a node's offload becomes its node config's [offload], which the node accepts."""
+    from edgerun.config import parse_config
+    from hil.rig import offload_section
+
+    nodes = [{"id": "a", "offload": {"mode": "always", "codec": "zstd"}}, {"id": "b", "offload": {"serve": True}}]
+    spec = parse_scenario(base(nodes=nodes))
+    weak, helper = spec.nodes
+    assert weak.offload.used and helper.offload.used and not parse_scenario(base()).nodes[1].offload.used
+    assert offload_section(weak.offload) == {"mode": "always", "serve": False, "codec": "zstd"}
+    swarm = {"enabled": True, "bind": "127.0.0.1:7946"}
+    cfg = parse_config({"swarm": swarm, "offload": offload_section(weak.offload)})
+    assert (cfg.offload.mode, cfg.offload.codec, cfg.offload.window) == ("always", "zstd", 4)  # window: the default
+    assert "nodes[0].offload.mode: expected one of 'never', 'auto', 'always'" in error_of(
+        base(nodes=[{"id": "a", "offload": {"mode": "sometimes"}}])
+    )
 
 
 @pytest.mark.parametrize(

@@ -173,16 +173,30 @@ def test_failover_time_and_ota_convergence(truth):
         truth,
         faults=[hang, release],
         silence_b=(10, 11.2),
-        b_engine=lambda t: "tflite" if T0 + 10 <= t < T0 + 20 else "hilaccel",
+        # its CPU first, then a neighbour's engine (offload, #25) until the accelerator is back
+        b_engine=lambda t: "tflite" if T0 + 10 <= t < T0 + 15 else "remote:a" if T0 + 15 <= t < T0 + 20 else "hilaccel",
         b_version=lambda t: 2 if t >= T0 + 31 else 1,
     )
-    result = score_records(run, rows, scenario(max_failover_s=1.0, max_ota_convergence_s=30), local={})
-    assert result["failovers"] == [{"node": "b", "fault": 0, "kind": "accelerator_hang", "failover_s": 1.2}]
+    criteria = {"max_failover_s": 1.0, "max_ota_convergence_s": 30, "min_offloaded_after_failover": 30}
+    result = score_records(run, rows, scenario(**criteria), local={})
+    assert result["failovers"] == [
+        {
+            "node": "b",
+            "fault": 0,
+            "kind": "accelerator_hang",
+            "failover_s": 1.2,
+            # 11.2 s .. 20 s at 5 fps: 19 on its CPU, 25 from a, the one at 20 s on the accelerator again
+            "during_fault": {"batches": 45, "offloaded": 25, "local": 20, "helpers": ["a"]},
+            "first_offloaded_s": 5.0,
+            "offloaded_before_fault": 0,
+        }
+    ]
     ota = result["ota"]
     assert ota["per_node_s"]["b"] == pytest.approx(6.0, abs=0.01) and ota["per_node_s"]["a"] is None
     assert ota["convergence_s"] is None  # node a never took v2
     line = result["verdict"]["line"]
     assert "failover_s b (fault 0) 1.2 s vs limit 1 s (missed by 0.2 s)" in line
+    assert "batches a neighbour inferred for b during fault 0 25 vs limit 30 (missed by 5)" in line
     assert "ota_convergence_s: not measured" in line and "nodes not on the new model at the end 1" in line
 
 
