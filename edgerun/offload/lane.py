@@ -20,6 +20,10 @@ When a helper is used (``update``, once a second on the loop):
 Which helper: ``HelperChooser`` (lowest estimated latency from probe round trips and advertised time per
 frame and queue, with hysteresis and per-helper backoff).
 
+A chosen helper is connected to before any frame goes to it (``OffloadClient.connect``): a lost SYN costs
+TCP's 1 s initial retransmission there, not a deadline's worth of frames, and a helper that cannot be reached
+is backed off without a frame spent on it.
+
 Failures, each counted (``counts``):
 
 * lost (the connection broke with the frame in flight: a helper killed or gone), refused (no
@@ -99,6 +103,7 @@ class OffloadLane:
         self.bytes_out = 0
         self._late = 0
         self._busy = 0
+        self._connecting: tuple[HelperCandidate, bool] | None = None  # chosen, preferred: connecting to it
         self._lock = threading.Lock()
 
     # -- worker threads -----------------------------------------------------------------------
@@ -217,35 +222,55 @@ class OffloadLane:
                     local_ms = self.slots.limit * 1000.0 / local_capacity_fps
                     prefer = estimated_latency_ms(chosen) < PREFER_MARGIN * local_ms
             current = self.helper
-            same = (
-                current is not None
-                and chosen is not None
-                and (current.name, current.addr)
-                == (
-                    chosen.name,
-                    chosen.addr,
-                )
-            )
-            if same:
+            if chosen is not None and current is not None and _same(chosen, current):
                 self.helper = chosen  # fresher figures, same connection
-            if same and prefer == self.prefer:
+                if prefer != self.prefer:
+                    self.prefer = prefer
+                    self.slots.resize_remote(self.window, prefer)
                 return
-            if chosen is None and current is None:
+            if chosen is not None and self._connecting is not None and _same(chosen, self._connecting[0]):
+                self._connecting = (chosen, prefer)  # still connecting to it
+                return
+            if current is not None:  # released, or another chosen: frames stop going to it at once
+                self.helper, self.prefer = None, False
+                self.slots.resize_remote(0)
+                log.info("offload: helper %s released; serving locally", current.name)
+            self._connecting = None
+            if chosen is None:
+                return
+            self._connecting = (chosen, prefer)
+        # Connected before the first frame goes: a lost SYN costs TCP's 1 s retransmission here, not frames.
+        try:
+            connecting = asyncio.run_coroutine_threadsafe(self.client.connect(chosen.addr), self.loop)
+        except RuntimeError:  # the loop is closed: the node is stopping
+            return
+        connecting.add_done_callback(lambda done: self._connected(chosen, done))
+
+    def _connected(self, chosen: HelperCandidate, done: concurrent.futures.Future[None]) -> None:
+        """The connection to ``chosen`` is open (or not): open the remote lane to it, if it is still wanted."""
+        error = None if done.cancelled() else done.exception()
+        with self._lock:
+            pending = self._connecting
+            if pending is None or not _same(pending[0], chosen):
+                return  # released or replaced while connecting
+            chosen, prefer = pending  # the latest figures update() saw for it
+            self._connecting = None
+            if done.cancelled() or error is not None:
+                self.counts["refused"] += 1
+                self.chooser.failed(chosen.name, self.clock(), "refused")
+                log.warning("offload: helper %s unreachable (%s); serving locally", chosen.name, error or "cancelled")
                 return
             self.helper, self.prefer = chosen, prefer
             self._late = self._busy = 0
-            self.slots.resize_remote(self.window if chosen is not None else 0, prefer)
-        if chosen is not None:
-            log.info(
-                "offload: helper %s at %s:%d (%s, ~%.0f ms)",
-                chosen.name,
-                chosen.addr[0],
-                chosen.addr[1],
-                "preferred" if prefer else "surplus frames",
-                estimated_latency_ms(chosen),
-            )
-        elif current is not None:
-            log.info("offload: helper %s released; serving locally", current.name)
+            self.slots.resize_remote(self.window, prefer)
+        log.info(
+            "offload: helper %s at %s:%d (%s, ~%.0f ms)",
+            chosen.name,
+            chosen.addr[0],
+            chosen.addr[1],
+            "preferred" if prefer else "surplus frames",
+            estimated_latency_ms(chosen),
+        )
 
     def describe(self) -> dict[str, Any]:
         """What /snapshot and the summary show."""
@@ -254,6 +279,7 @@ class OffloadLane:
             return {
                 "mode": self.mode,
                 "helper": helper.name if helper is not None else None,
+                "connecting": self._connecting[0].name if self._connecting is not None else None,
                 "preferred": self.prefer,
                 "engaged": self.engaged,
                 "load": round(self.load, 2) if self.load != float("inf") else None,
@@ -298,3 +324,7 @@ class LocalEngineRate:
     def capacity_fps(self, calls: int) -> float:
         """Frames per second the local engine can serve with ``calls`` at once; 0 until measured."""
         return calls * 1000.0 / self.infer_ms if self.infer_ms > 0 else 0.0
+
+
+def _same(a: HelperCandidate, b: HelperCandidate) -> bool:
+    return (a.name, a.addr) == (b.name, b.addr)

@@ -118,9 +118,17 @@ def frame() -> SimpleNamespace:
     return SimpleNamespace(trace=None)
 
 
+def settle(lane: OffloadLane) -> None:
+    """Wait for the connection a choice opens (the remote lane opens once it is up)."""
+    deadline = time.monotonic() + 5
+    while lane._connecting is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def choose(lane: OffloadLane, env: Any, now: float | None = None) -> None:
     now = time.monotonic() if now is None else now
     lane.update([env.candidate], now, local_capacity_fps=10.0, source_fps=30.0)
+    settle(lane)
 
 
 def test_frames_go_to_the_chosen_helper_and_come_back_as_its_detections():
@@ -204,6 +212,7 @@ def test_auto_engages_above_the_engage_load_and_lets_go_below_the_release_load()
         lane.update([env.candidate], now, local_capacity_fps=20.0, source_fps=15.0)  # load 0.75: keeps up
         assert lane.helper is None and env.slots.remote_limit == 0
         lane.update([env.candidate], now + 1, local_capacity_fps=15.0, source_fps=15.0)  # load 1.0: needs help
+        settle(lane)
         assert lane.helper is not None and env.slots.remote_limit == 2
         lane.update([env.candidate], now + 2, local_capacity_fps=18.0, source_fps=15.0)  # 0.83: between, stays
         assert lane.helper is not None
@@ -216,7 +225,21 @@ def test_auto_prefers_a_helper_only_when_it_is_clearly_faster_than_the_local_eng
         now = time.monotonic()
         # Local engine: 1 call at 100 ms (10 fps); the helper's estimate is 1 + 5 = 6 ms: preferred.
         lane.update([env.candidate], now, local_capacity_fps=10.0, source_fps=15.0)
+        settle(lane)
         assert lane.prefer
         # Local engine at 8 ms (125 fps) but a source faster still: the helper takes the surplus only.
         lane.update([env.candidate], now + 1, local_capacity_fps=125.0, source_fps=200.0)
         assert lane.helper is not None and not lane.prefer
+
+
+def test_a_helper_that_cannot_be_reached_is_never_sent_a_frame():
+    """The connection opens when a helper is chosen, before its first frame: an address nobody listens on is
+    refused there (backed off, counted) and no frame waits on it."""
+    with lane_and_helper() as (lane, helper, env):
+        asyncio.run_coroutine_threadsafe(env.server.close(), env.loop).result(5)
+        choose(lane, env)
+        assert lane.helper is None and env.slots.remote_limit == 0
+        assert lane.counts["refused"] == 1 and env.chooser.backoff_until("helper") is not None
+        with pytest.raises(ServeLocally):
+            lane.infer(PIXELS, frame())
+        assert helper.calls == 0
