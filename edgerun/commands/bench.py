@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from edgerun.commands.options import log_level, setup_logging
@@ -27,6 +28,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from edgerun.bench.offload_codec import run_offload_codec_bench_command
 
         return run_offload_codec_bench_command(args)
+    if args.offload:
+        return _offload_bench(args)
     if args.failover:
         from edgerun.bench.failover import run_failover_bench_command
 
@@ -34,6 +37,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from edgerun.bench.pipeline import run_bench_command
 
     return run_bench_command(args)
+
+
+def _offload_bench(args: argparse.Namespace) -> int:
+    """The offload bench (``hil/offload_bench.py``) with its defaults: root, network namespaces, two cores."""
+    from edgerun.bench.pipeline import emit_result
+    from hil.netlab import NetLabError
+    from hil.offload_bench import OffloadBenchError, format_table, run_offload_bench
+
+    try:
+        result = run_offload_bench(model=args.model, seconds=args.seconds)
+    except (OffloadBenchError, NetLabError) as err:
+        print(f"edgerun: error: bench --offload: {err}", file=sys.stderr)
+        return 1
+    emit_result(result, args, summary=format_table(result))
+    return 0
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -69,6 +87,13 @@ def add_bench_parser(sub: Any) -> None:
         "--offload-codec",
         action="store_true",
         help="measure offload codecs instead: bytes per frame and encode+decode ms, jpeg vs zstd vs float32 zstd",
+    )
+    bench.add_argument(
+        "--offload",
+        action="store_true",
+        help="measure offloading instead (root, network namespaces): a weak node local-only vs borrowing a strong "
+        "neighbour's engine at 0 %% and 10 %% loss, the helper killed, two busy nodes and an idle one; --seconds "
+        "per case (20 in `make bench-offload`)",
     )
     bench.add_argument("--repeats", type=int, default=10, help="--failover: injected faults of each kind")
     bench.add_argument(
