@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -128,8 +129,13 @@ def _offload_bench(args: argparse.Namespace) -> int:
     except (OffloadBenchError, NetLabError) as err:
         print(f"hil offload-bench: {err}", file=sys.stderr)
         return 1
+    return _emit(result, format_table(result), args)
+
+
+def _emit(result: dict[str, Any], table: str, args: argparse.Namespace) -> int:
+    """A bench's result: the table (or with --json the JSON) on stdout, the JSON into -o FILE."""
     text = json.dumps(result, indent=2)
-    print(text if args.json else format_table(result))
+    print(text if args.json else table)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
@@ -170,13 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"hil swarm-bench: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(result, indent=2)
-    print(text if args.json else format_table(result))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return _emit(result, format_table(result), args)
 
 
 if __name__ == "__main__":

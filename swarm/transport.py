@@ -42,6 +42,31 @@ CONNECTION_COST = 4096  # charged per unauthenticated connection (its objects): 
 _BIND_ATTEMPTS = 20  # port 0: tries this many UDP ports until the same TCP port is free too
 
 
+class UnauthBudget:
+    """Bytes held for peers that have not authenticated yet, bounded across all of them together.
+
+    Every listener that reads a frame before it can open the envelope charges the connection and the
+    length its prefix declares here, and gives them back once the frame is opened or dropped: no number
+    of peers can make it hold more than ``limit``. The swarm's TCP streams and the offload server each
+    keep one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buffered = 0
+        self.peak = 0
+
+    def charge(self, n: int) -> bool:
+        """Hold ``n`` more bytes; False (nothing held) when they do not fit."""
+        if self.buffered + n > self.limit:
+            return False
+        self.buffered += n
+        self.peak = max(self.peak, self.buffered)
+        return True
+
+    def release(self, n: int) -> None:
+        self.buffered -= n
+
+
 class _DatagramProtocol(asyncio.DatagramProtocol):
     def __init__(self, transport: SwarmTransport) -> None:
         self._owner = transport
@@ -186,9 +211,8 @@ class SwarmTransport:
         self.keyring = keyring
         self.max_packet_bytes = max_packet_bytes
         self.max_stream_bytes = max_stream_bytes
-        self.unauth_budget_bytes = unauth_budget_bytes
-        self.unauth_buffered = 0  # bytes charged now to peers not yet authenticated (connections + declared bodies)
-        self.unauth_buffered_peak = 0
+        # bytes charged now to peers not yet authenticated (connections + declared bodies)
+        self.unauth = UnauthBudget(unauth_budget_bytes)
         self.tcp_timeout_s = tcp_timeout_s
         self.loss = loss
         self._rng = rng or random.Random()
@@ -360,14 +384,18 @@ class SwarmTransport:
         return len(packet).to_bytes(_LENGTH_BYTES, "big") + packet
 
     def _charge_unauth(self, n: int) -> bool:
-        if self.unauth_buffered + n > self.unauth_budget_bytes:
-            return False
-        self.unauth_buffered += n
-        self.unauth_buffered_peak = max(self.unauth_buffered_peak, self.unauth_buffered)
-        return True
+        return self.unauth.charge(n)
 
     def _release_unauth(self, n: int) -> None:
-        self.unauth_buffered -= n
+        self.unauth.release(n)
+
+    @property
+    def unauth_buffered(self) -> int:
+        return self.unauth.buffered
+
+    @property
+    def unauth_buffered_peak(self) -> int:
+        return self.unauth.peak
 
     # -- accounting --------------------------------------------------------------------------------------------
 

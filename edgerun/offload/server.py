@@ -48,6 +48,7 @@ from edgerun.offload.protocol import (
 )
 from edgerun.types import Detections
 from swarm.keyring import KIND_OFFLOAD_REPLY, KIND_OFFLOAD_REQUEST, Keyring
+from swarm.transport import UnauthBudget
 
 log = logging.getLogger(__name__)
 
@@ -218,9 +219,7 @@ class OffloadServer:
         self._serve = serve
         self.workers = workers
         self.max_queue = max_queue
-        self.unauth_budget_bytes = unauth_budget_bytes
-        self.unauth_buffered = 0
-        self.unauth_buffered_peak = 0
+        self.unauth = UnauthBudget(unauth_budget_bytes)  # shared by every connection not yet authenticated
         self.frame_timeout_s = frame_timeout_s
         self._clock = clock
         self._wall = wall
@@ -357,14 +356,18 @@ class OffloadServer:
     # -- accounting ---------------------------------------------------------------------------------------------
 
     def _charge_unauth(self, n: int) -> bool:
-        if self.unauth_buffered + n > self.unauth_budget_bytes:
-            return False
-        self.unauth_buffered += n
-        self.unauth_buffered_peak = max(self.unauth_buffered_peak, self.unauth_buffered)
-        return True
+        return self.unauth.charge(n)
 
     def _release_unauth(self, n: int) -> None:
-        self.unauth_buffered -= n
+        self.unauth.release(n)
+
+    @property
+    def unauth_buffered(self) -> int:
+        return self.unauth.buffered
+
+    @property
+    def unauth_buffered_peak(self) -> int:
+        return self.unauth.peak
 
     def _count(self, reason: str, peer: Address | None = None, exc: Exception | None = None) -> None:
         self.dropped[reason] += 1
