@@ -158,7 +158,7 @@ def bench_hop_loopback(side: int, frames: int) -> dict[str, Any]:
 
     image = np.ascontiguousarray(cv2.resize(_photo("astronaut"), (side, side), interpolation=cv2.INTER_AREA))
 
-    def serve(model: str, frame: np.ndarray, traceparent: str) -> ServeResult:
+    def serve(model: str, frame: np.ndarray, traceparent: str, origin: str) -> ServeResult:
         return ServeResult(Detections.empty())
 
     async def main() -> dict[str, Any]:

@@ -44,7 +44,7 @@ class ModelServer:
         self.tracer = tracer  # edgerun.tracing.FrameTracer: the remote infer span joins the origin's trace
         self._local = threading.local()
 
-    def serve(self, model_hash: str, image: np.ndarray, traceparent: str) -> ServeResult:
+    def serve(self, model_hash: str, image: np.ndarray, traceparent: str, origin: str) -> ServeResult:
         runtime = self.serving.runtime
         if runtime is None or runtime.model.hash != model_hash:
             return ServeResult(None, "model")
@@ -65,9 +65,8 @@ class ModelServer:
         detections = kit.decoder.decode(kit.outputs)
         tracer = self.tracer
         if tracer is not None and traceparent:
-            tracer.remote_infer(
-                traceparent, start_ns, end_ns, {"edgerun.node": self.node_id, "edgerun.engine": runtime.engine.KEY}
-            )
+            attributes = {"edgerun.node": self.node_id, "edgerun.engine": runtime.engine.KEY}
+            tracer.remote_infer(traceparent, start_ns, end_ns, {**attributes, "edgerun.remote.origin": origin})
         return ServeResult(detections, "ok", infer_ms)
 
     def _kit(self, runtime: ModelRuntime, width: int, height: int) -> _Kit:

@@ -70,8 +70,9 @@ class ServeResult:
     infer_ms: float = 0.0
 
 
-# (model hash, BGR uint8 image H x W x 3 of the model's input size, traceparent or "") -> result; runs in a worker
-ServeFn = Callable[[str, np.ndarray, str], ServeResult]
+# (model hash, BGR uint8 image H x W x 3 of the model's input size, traceparent or "", the origin's name as its
+# sealed envelope says) -> result; runs in a worker
+ServeFn = Callable[[str, np.ndarray, str, str], ServeResult]
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -304,12 +305,12 @@ class OffloadServer:
             self._finished(conn, InferReply(request.id, "busy"), "busy")
             return
         arrival = self._clock()
-        job = self._executor.submit(self._work, request, traceparent, arrival)
+        job = self._executor.submit(self._work, request, traceparent, sender, arrival)
         loop = asyncio.get_running_loop()
         job.add_done_callback(lambda done: loop.call_soon_threadsafe(self._job_done, conn, done))
 
     def _work(
-        self, request: InferRequest, traceparent: str, arrival: float
+        self, request: InferRequest, traceparent: str, origin: str, arrival: float
     ) -> tuple[InferReply, str, codec.CodecError | None]:
         """In a worker: (reply, the counter it goes to, why its image was refused); the loop counts them."""
         with self._waiting_lock:
@@ -322,7 +323,7 @@ class OffloadServer:
         except codec.CodecError as exc:
             return InferReply(request.id, "bad", queue_ms=round(queue_ms, 3)), "bad", exc
         try:
-            result = self._serve(request.model, image, traceparent)
+            result = self._serve(request.model, image, traceparent, origin)
             if result.status == "ok" and result.detections is not None:
                 reply = detections_to_reply(request.id, result.detections, result.infer_ms, queue_ms)
                 return reply, "served", None

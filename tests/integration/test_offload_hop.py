@@ -79,7 +79,7 @@ async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _empty(model: str, image: np.ndarray, traceparent: str) -> ServeResult:
+def _empty(model: str, image: np.ndarray, traceparent: str, origin: str) -> ServeResult:
     return ServeResult(Detections.empty(), infer_ms=0.1)
 
 
@@ -91,7 +91,7 @@ class _Gate:
         self.opened = threading.Event()
         self.calls = 0
 
-    def __call__(self, model: str, image: np.ndarray, traceparent: str) -> ServeResult:
+    def __call__(self, model: str, image: np.ndarray, traceparent: str, origin: str) -> ServeResult:
         self.calls += 1
         self.entered.release()
         self.opened.wait(30)
@@ -161,7 +161,7 @@ def test_detections_of_a_photo_come_back_as_the_engine_finds_them(blazeface):
     sent = origin.preprocessor.letterboxed(photo).copy()
     served_traces: list[str] = []
 
-    def serve(model: str, image: np.ndarray, traceparent: str) -> ServeResult:
+    def serve(model: str, image: np.ndarray, traceparent: str, origin: str) -> ServeResult:
         served_traces.append(traceparent)
         scratch = engine.allocate_input()
         helper.preprocessor(image, scratch)
@@ -330,7 +330,7 @@ from edgerun.offload.server import OffloadServer, ServeResult
 from edgerun.types import Detections
 from swarm.keyring import Keyring
 
-def serve(model, image, traceparent):
+def serve(model, image, traceparent, origin):
     print("serving", flush=True)
     threading.Event().wait(60)  # a helper stuck in its engine when it is killed
     return ServeResult(Detections.empty())
@@ -497,7 +497,7 @@ def test_what_serve_says_reaches_the_origin():
     """``serve`` refuses one model and fails on another (injected: a helper's engine raising)."""
     seen: list[str] = []
 
-    def serve(model: str, image: np.ndarray, traceparent: str) -> ServeResult:
+    def serve(model: str, image: np.ndarray, traceparent: str, origin: str) -> ServeResult:
         seen.append(traceparent)
         if model == "ffffffffffffffff":
             return ServeResult(None, status="model")

@@ -116,6 +116,7 @@ def test_offloaded_frames_match_the_helper_then_the_node_serves_itself(flight):
             if client and server and server[0].parent_id == client[0].span_id:
                 assert client[0].kind == "SPAN_KIND_CLIENT" and server[0].kind == "SPAN_KIND_SERVER"
                 assert client[0].attributes.get("edgerun.remote.helper") == "drone-2"
+                assert server[0].attributes.get("edgerun.remote.origin") == "drone-1"  # as its sealed request said
                 assert any(s.name == "frame" and not s.parent_id for s in spans), "the origin's root is there"
                 return trace_id, client[0].span_id
         return None

@@ -82,7 +82,7 @@ class Helper:
         boxes = np.array([[0.1, 0.2, 0.3, 0.4]], np.float32)
         return ServeResult(Detections(boxes, np.array([0.9], np.float32), np.array([0], np.int32)), "ok", 1.0)
 
-    def serve(self, model_hash: str, image: np.ndarray, traceparent: str) -> ServeResult:
+    def serve(self, model_hash: str, image: np.ndarray, traceparent: str, origin: str) -> ServeResult:
         self.calls += 1
         assert image.shape == PIXELS.shape
         return self.behaviour()
