@@ -100,6 +100,8 @@ def test_offloaded_frames_match_the_helper_then_the_node_serves_itself(flight):
         if reference is None:
             continue
         compared += 1
+        # Published as the origin's own frame: its pose, in the fleet's geodetic frame too.
+        assert ours["pose"] == reference["pose"] and ours["pose"]["lat"] and ours["node"] == "drone-1"
         assert len(ours["detections"]) == len(reference["detections"]), (ours, reference)
         with_faces += bool(ours["detections"])
         for a, b in zip(ours["detections"], reference["detections"]):
