@@ -155,7 +155,7 @@ class SwarmAgent:
         dropped.update(self.transport.dropped)
         out = {**protocol, **self.transport.counters, "dropped": dict(dropped)}
         out["late_timer_s"] = round(self.late_timer_s, 4)
-        out["unauth_buffered_peak"] = self.transport.unauth_buffered_peak  # the most unauthenticated peers held
+        out["unauth_buffered_peak"] = self.transport.unauth.peak  # the most unauthenticated peers held
         return out
 
     # -- inputs ------------------------------------------------------------------------------------------------

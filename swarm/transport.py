@@ -158,7 +158,7 @@ class _StreamServer(asyncio.BufferedProtocol):
 
     def _charge(self, n: int) -> bool:
         """Take ``n`` bytes of the shared budget, or count the drop and close."""
-        if not self._owner._charge_unauth(n):
+        if not self._owner.unauth.charge(n):
             self._owner._count("unauth_budget", None, self._addr)
             self._finish()
             return False
@@ -176,7 +176,7 @@ class _StreamServer(asyncio.BufferedProtocol):
             self._timer.cancel()
             self._timer = None
         if self._charged:
-            self._owner._release_unauth(self._charged)
+            self._owner.unauth.release(self._charged)
             self._charged = 0
         self._body = None
         if self._finished:
@@ -266,7 +266,7 @@ class SwarmTransport:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {"dropped": dict(self.dropped), **self.counters, "unauth_buffered_peak": self.unauth_buffered_peak}
+        return {"dropped": dict(self.dropped), **self.counters, "unauth_buffered_peak": self.unauth.peak}
 
     # -- datagrams ---------------------------------------------------------------------------------------------
 
@@ -382,20 +382,6 @@ class SwarmTransport:
             return (0).to_bytes(_LENGTH_BYTES, "big")
         packet = self.keyring.seal(self.name, reply, self._wall(), kind=KIND_STREAM_REPLY)
         return len(packet).to_bytes(_LENGTH_BYTES, "big") + packet
-
-    def _charge_unauth(self, n: int) -> bool:
-        return self.unauth.charge(n)
-
-    def _release_unauth(self, n: int) -> None:
-        self.unauth.release(n)
-
-    @property
-    def unauth_buffered(self) -> int:
-        return self.unauth.buffered
-
-    @property
-    def unauth_buffered_peak(self) -> int:
-        return self.unauth.peak
 
     # -- accounting --------------------------------------------------------------------------------------------
 

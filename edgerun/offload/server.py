@@ -95,7 +95,7 @@ class _Connection(asyncio.BufferedProtocol):
         server = self._server
         server._connections.add(self)
         server.counters["connections"] += 1
-        if not server._charge_unauth(CONNECTION_COST):
+        if not server.unauth.charge(CONNECTION_COST):
             server._count("unauth_budget", self.peer)
             self.close()
             return
@@ -152,7 +152,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def authenticated(self, sender: str) -> None:
         if self._charged:
-            self._server._release_unauth(self._charged)
+            self._server.unauth.release(self._charged)
             self._charged = 0
             self.sender = sender
         if self._timer is not None and not self._parser.in_frame:
@@ -171,11 +171,11 @@ class _Connection(asyncio.BufferedProtocol):
             self._transport.abort()
 
     def _charge(self, n: int) -> bool:
-        return self._server._charge_unauth(n)
+        return self._server.unauth.charge(n)
 
     def _release_frame(self) -> None:
         if self._parser.charged:
-            self._server._release_unauth(self._parser.charged)
+            self._server.unauth.release(self._parser.charged)
             self._parser.charged = 0
 
     def _arm_timer(self) -> None:
@@ -192,7 +192,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._timer = None
         self._release_frame()
         if self._charged:
-            self._server._release_unauth(self._charged)
+            self._server.unauth.release(self._charged)
             self._charged = 0
         self.closed = True
 
@@ -274,7 +274,7 @@ class OffloadServer:
             **self.counters,
             "queue": self.queue,
             "served_fps": self.served_fps,
-            "unauth_buffered_peak": self.unauth_buffered_peak,
+            "unauth_buffered_peak": self.unauth.peak,
         }
 
     # -- requests -----------------------------------------------------------------------------------------------
@@ -355,20 +355,6 @@ class OffloadServer:
             self.counters["replies_unsent"] += 1  # the origin went away first
 
     # -- accounting ---------------------------------------------------------------------------------------------
-
-    def _charge_unauth(self, n: int) -> bool:
-        return self.unauth.charge(n)
-
-    def _release_unauth(self, n: int) -> None:
-        self.unauth.release(n)
-
-    @property
-    def unauth_buffered(self) -> int:
-        return self.unauth.buffered
-
-    @property
-    def unauth_buffered_peak(self) -> int:
-        return self.unauth.peak
 
     def _count(self, reason: str, peer: Address | None = None, exc: Exception | None = None) -> None:
         self.dropped[reason] += 1

@@ -250,7 +250,7 @@ def test_an_oversized_length_prefix_is_dropped_without_reading_the_body():
             assert server.stats["dropped"] == {"oversized": 1}
             # Nothing of the body was ever charged, so nothing of it was ever held.
             assert server.stats["unauth_buffered_peak"] == CONNECTION_COST
-            assert server.unauth_buffered == 0
+            assert server.unauth.buffered == 0
 
     asyncio.run(main())
 
@@ -282,13 +282,13 @@ def test_unauthenticated_connections_share_one_budget():
         budget = 4 * CONNECTION_COST + 100
         async with _hop(_empty, unauth_budget_bytes=budget) as (server, client, addr):
             idle = [await _raw(addr) for _ in range(4)]  # each holds CONNECTION_COST until it authenticates
-            await _until(lambda: server.unauth_buffered == 4 * CONNECTION_COST)
+            await _until(lambda: server.unauth.buffered == 4 * CONNECTION_COST)
             reader, writer = await _raw(addr)
             assert await _closed(reader)
             assert server.stats["dropped"] == {"unauth_budget": 1}
             for _reader, idle_writer in idle:
                 idle_writer.close()
-            await _until(lambda: server.unauth_buffered == 0)
+            await _until(lambda: server.unauth.buffered == 0)
             assert (await client.infer(addr, _request(), time.monotonic() + 30)).status == "ok"
             writer.close()
 
@@ -532,7 +532,7 @@ def test_a_frame_that_stalls_half_way_is_closed_after_the_frame_timeout():
             assert await _closed(reader)
             writer.close()
             assert server.stats["dropped"] == {"timeout": 1}
-            assert server.unauth_buffered == 0  # its connection and declared body given back
+            assert server.unauth.buffered == 0  # its connection and declared body given back
 
     asyncio.run(main())
 

@@ -85,15 +85,15 @@ def test_trickling_unauthenticated_peers_share_one_budget_and_a_member_still_ans
             admitted = UNAUTH_BUDGET_BYTES // (declared + CONNECTION_COST)
             refused = ATTACKERS - admitted
             await _until(lambda: b.dropped["unauth_budget"] == refused and len(closed) == refused)
-            assert b.unauth_buffered == admitted * (declared + CONNECTION_COST) <= UNAUTH_BUDGET_BYTES
+            assert b.unauth.buffered == admitted * (declared + CONNECTION_COST) <= UNAUTH_BUDGET_BYTES
             # While the admitted ones still hold their share, an authenticated peer is answered.
             assert await a.request(addr, b"push-pull", timeout_s=5.0) == b"state of b for push-pull"
             assert b.counters["streams_in"] == 1
-            assert b.unauth_buffered_peak <= UNAUTH_BUDGET_BYTES
+            assert b.unauth.peak <= UNAUTH_BUDGET_BYTES
         finally:
             stop.set()
             await asyncio.gather(*attackers)
-        await _until(lambda: b.unauth_buffered == 0)  # the attackers left: their share is back
+        await _until(lambda: b.unauth.buffered == 0)  # the attackers left: their share is back
         assert b.counters["stream_failures"] == admitted  # they left in the middle of their frames
         await a.close()
         await b.close()
@@ -113,8 +113,8 @@ def test_a_declared_length_over_the_budget_is_closed_before_its_body_is_read(loo
         stop.set()
         await asyncio.gather(*attackers)
         assert b.dropped["unauth_budget"] == ATTACKERS
-        assert b.unauth_buffered_peak <= ATTACKERS * CONNECTION_COST
-        await _until(lambda: b.unauth_buffered == 0)
+        assert b.unauth.peak <= ATTACKERS * CONNECTION_COST
+        await _until(lambda: b.unauth.buffered == 0)
         await b.close()
 
     _run(main, loop)
