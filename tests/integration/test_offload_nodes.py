@@ -17,7 +17,6 @@ real OTLP receiver. What is checked:
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -29,7 +28,9 @@ import tomli_w
 
 from edgerun.demo_swarm import drone_configs, start_drones, stop_drones
 from edgerun.testing.otlp import run_otlp_receiver
+from hil.offload_bench import summary
 from tests.integration.brokers import wait_for
+from tests.integration.jsonl import read_records
 
 pytest.importorskip("opentelemetry.sdk", reason="tracing extra not installed (pip install edgerun[tracing])")
 
@@ -38,24 +39,7 @@ FAST_TIMING = {"probe_interval_s": 0.3, "probe_timeout_s": 0.15, "gossip_interva
 
 
 def batches(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the line being written
-        if row.get("schema") == "edgerun.detections/1":
-            rows.append(row)
-    return rows
-
-
-def summary(log: Path) -> dict[str, Any]:
-    for line in reversed(log.read_text().splitlines()):
-        if "stopped: " in line:
-            return json.loads(line.split("stopped: ", 1)[1])
-    raise AssertionError(f"no summary in {log}:\n{log.read_text()[-3000:]}")
+    return [r for r in read_records(path) if r.get("schema") == "edgerun.detections/1"]
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +127,7 @@ def test_offloaded_frames_match_the_helper_then_the_node_serves_itself(flight):
     weak.proc.wait(30)
     time.sleep(0.2)
     result = summary(weak.out_dir / "node.log")
+    assert result is not None, (weak.out_dir / "node.log").read_text()[-3000:]
     lost = result["dropped_by_reason"].get("infer/offload_lost", 0) + result["dropped_by_reason"].get(
         "infer/offload_late", 0
     )
