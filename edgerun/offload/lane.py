@@ -282,7 +282,7 @@ class OffloadLane:
                 "connecting": self._connecting[0].name if self._connecting is not None else None,
                 "preferred": self.prefer,
                 "engaged": self.engaged,
-                "load": round(self.load, 2) if self.load != float("inf") else None,
+                "load": round(self.load, 2),
                 "frames": dict(self.counts),
                 "bytes_out": self.bytes_out,
                 "client": self.client.stats,
