@@ -29,8 +29,7 @@ from edgerun.fleet.member_meta import MemberMeta
 from edgerun.fleet.service import FleetMember, parse_hostport
 from edgerun.models.bundle import ModelBundle, load_bundle
 from edgerun.models.demo import ensure_demo_bundle
-from edgerun.offload.capabilities import quantised_capacity, spare_fps
-from edgerun.offload.lane import LocalEngineRate
+from edgerun.offload.capabilities import LocalEngineRate, quantised_capacity, spare_fps  # no sockets, no crypto
 from edgerun.pipeline.runner import Pipeline, PipelineSettings
 from edgerun.pipeline.serving import Served, ServingController
 from edgerun.pipeline.stats import PipelineStats

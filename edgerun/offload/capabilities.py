@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -23,6 +24,7 @@ from swarm.membership import Member, MemberState
 
 __all__ = [
     "CAPABILITY_INTERVAL_S",
+    "LocalEngineRate",
     "capabilities_due",
     "candidates_from_members",
     "quantised_capacity",
@@ -142,3 +144,40 @@ def _plausible(meta: MemberMeta) -> bool:
         and meta.infer_ms >= 0.0
         and meta.queue >= 0
     )
+
+
+class LocalEngineRate:
+    """What the local engine can do and how fast the source delivers, from the pipeline's counters.
+
+    ``update`` once a second: the engine's time per frame (its busy time over the frames it served, smoothed)
+    and the source's frame rate (frames captured, stale frames skipped included). Frames a helper served
+    are not in the engine's figures, so offloading does not change the measure that decides it.
+    """
+
+    SMOOTHING = 0.5
+
+    def __init__(self) -> None:
+        self.infer_ms = 0.0
+        self.source_fps = 0.0
+        self._last: tuple[float, int, float, int] | None = None
+
+    def update(self, stats: Any, now: float) -> LocalEngineRate:
+        stage = stats.stages["infer"]
+        with stats.lock:
+            frames, busy = stage.frames, stage.busy_s
+        captured = stats.captured
+        if self._last is not None:
+            t0, frames0, busy0, captured0 = self._last
+            if frames > frames0:
+                ms = (busy - busy0) / (frames - frames0) * 1000.0
+                self.infer_ms = (
+                    ms if self.infer_ms == 0.0 else self.SMOOTHING * self.infer_ms + (1 - self.SMOOTHING) * ms
+                )
+            if now > t0:
+                self.source_fps = (captured - captured0) / (now - t0)
+        self._last = (now, frames, busy, captured)
+        return self
+
+    def capacity_fps(self, calls: int) -> float:
+        """Frames per second the local engine can serve with ``calls`` at once; 0 until measured."""
+        return calls * 1000.0 / self.infer_ms if self.infer_ms > 0 else 0.0
